@@ -1,0 +1,118 @@
+"""The attention benchmark every phase's run.py shares: same inputs for every implementation,
+peers in the same run, rows in the results schema, and the plots drawn from those rows.
+
+An implementation is a callable f(q, k, v, is_causal) -> out on CUDA float tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from utils import reference, roofline
+from utils.bench import peak_extra_mb, sweep, time_cuda
+from utils.testing import random_qkv, rel_error
+
+# Above this many float64 score elements the accuracy check is skipped (reference memory).
+REFERENCE_LIMIT = 2**31
+
+
+def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: str = "attention",
+                  stride: int = 1) -> dict:
+    """Time fn(q, k, v, causal) and describe it as a results row (TFLOP/s and GB/s from
+    utils.roofline's attention formulas; extra_mb = peak memory beyond the inputs)."""
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    elem = q.element_size()
+    ms = time_cuda(lambda: fn(q, k, v, causal))
+    flops = roofline.attention_flops(B, H, Sq, Sk, D, causal, stride)
+    nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, elem)
+    row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": Sq, "Sk": Sk, "D": D,
+           "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
+           "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms),
+           "extra_mb": peak_extra_mb(lambda: fn(q, k, v, causal))}
+    if stride != 1:
+        row["stride"] = stride
+    if ref is not None:
+        row["rel_err"] = rel_error(fn(q, k, v, causal), ref)
+    return row
+
+
+def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=torch.float32,
+                        desc: str = "attention") -> list[dict]:
+    """Rows for every implementation on every config (dict with B, H, S, D, causal; optional Sk).
+
+    All implementations of one config see the same inputs. An implementation that raises (an
+    unsupported D, say) is skipped for that config with a printed note; out-of-memory too.
+    """
+
+    def run_config(c: dict) -> list[dict]:
+        B, H, S, D, causal = c["B"], c["H"], c["S"], c["D"], c["causal"]
+        Sk = c.get("Sk", S)
+        q, k, v = random_qkv(B, H, S, Sk, D, dtype=dtype)
+        ref = None
+        if B * H * S * Sk <= REFERENCE_LIMIT // 8:
+            ref = reference.attention(q, k, v, is_causal=causal)
+        rows = []
+        for name, fn in impls.items():
+            try:
+                rows.append(attention_row(name, fn, q, k, v, causal, ref))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"    {name}: out of memory at S={S}, skipped", flush=True)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                print(f"    {name}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+        return rows
+
+    return sweep(configs, run_config, desc)
+
+
+def standard_configs(seq_lens, head_dims=(64, 128), causal=(False, True), B=4, H=8) -> list[dict]:
+    return [{"B": B, "H": H, "S": S, "D": D, "causal": c} for D in head_dims for c in causal for S in seq_lens]
+
+
+def plot_speed_vs_seq(rows: list[dict], path, title: str, env: dict | None = None, metric: str = "tflops"):
+    """TFLOP/s (or another row metric) against sequence length, one panel per (D, causal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["D"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+    for ax, (D, causal) in zip(axes[0], panels):
+        subset = [r for r in rows if r["D"] == D and r["causal"] == causal]
+        for impl in dict.fromkeys(r["impl"] for r in subset):
+            pts = sorted((r["Sq"], r[metric]) for r in subset if r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length S")
+        ax.set_ylabel(metric)
+        ax.set_title(f"D={D}, {'causal' if causal else 'non-causal'}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    stamp = f" — {env['gpu']}, torch {env['torch']}, {env['date'][:10]}, {env['commit']}" if env else ""
+    fig.suptitle(title + stamp, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def roofline_points(rows: list[dict], match: dict, ncu_bytes: dict | None = None) -> list[dict]:
+    """Roofline points (one per impl) for the rows that match, with each impl's analytic FLOPs and
+    minimum bytes and, where ncu measured it, the DRAM bytes (ncu_bytes: impl -> bytes)."""
+    points = []
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            elem = 2 if r["dtype"] in ("float16", "bfloat16") else 4
+            flops = roofline.attention_flops(r["B"], r["H"], r["Sq"], r["Sk"], r["D"], r["causal"],
+                                             r.get("stride", 1))
+            point = {"label": r["impl"], "flops": flops, "ms": r["ms"],
+                     "bytes": roofline.attention_bytes(r["B"], r["H"], r["Sq"], r["Sk"], r["D"], elem)}
+            if ncu_bytes and r["impl"] in ncu_bytes:
+                point["measured_bytes"] = ncu_bytes[r["impl"]]
+            points.append(point)
+    return points

@@ -1,0 +1,86 @@
+"""Timing helpers: CUDA events, warm-up, L2 flush before every timed call, median of many runs;
+peak extra memory of a call; a sweep helper that shows progress."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Callable, Iterable
+
+import torch
+
+_flush_buffer: torch.Tensor | None = None
+
+
+def _l2_flush_buffer() -> torch.Tensor:
+    """A buffer twice the L2 size; writing it evicts whatever the last call left in L2."""
+    global _flush_buffer
+    if _flush_buffer is None:
+        l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+        _flush_buffer = torch.empty(max(2 * l2_bytes, 64 * 2**20) // 4, dtype=torch.float32, device="cuda")
+    return _flush_buffer
+
+
+def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l2: bool = True,
+              max_seconds: float = 3.0) -> float:
+    """Median milliseconds of fn() on the current stream, timed with CUDA events.
+
+    Each timed call is preceded by an L2 flush (outside the events). Stops early after
+    max_seconds of timed calls, with at least 5 samples.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    flush = _l2_flush_buffer() if flush_l2 else None
+    samples: list[float] = []
+    spent = 0.0
+    for _ in range(reps):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+        spent += samples[-1] / 1e3
+        if spent > max_seconds and len(samples) >= 5:
+            break
+    return statistics.median(samples)
+
+
+def peak_extra_mb(fn: Callable[[], object]) -> float:
+    """Peak device memory fn() allocates beyond what was allocated before it, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def sweep(configs: Iterable[dict], run_one: Callable[[dict], list[dict] | dict | None],
+          desc: str = "sweep") -> list[dict]:
+    """Run run_one(config) for every config, printing progress; collect the rows it returns.
+
+    A config that fails with out-of-memory is reported and skipped (the sweep goes on).
+    """
+    configs = list(configs)
+    rows: list[dict] = []
+    start = time.perf_counter()
+    for n, config in enumerate(configs, 1):
+        label = " ".join(f"{k}={v}" for k, v in config.items())
+        try:
+            result = run_one(config)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            print(f"[{desc} {n}/{len(configs)}] {label}: out of memory, skipped", flush=True)
+            continue
+        if isinstance(result, dict):
+            result = [result]
+        rows.extend(result or [])
+        elapsed = time.perf_counter() - start
+        print(f"[{desc} {n}/{len(configs)}] {label} ({elapsed:.0f} s)", flush=True, file=sys.stdout)
+    return rows

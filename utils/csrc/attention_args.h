@@ -1,0 +1,77 @@
+// Host-side validation shared by every attention op of the course: shapes, dtypes, devices and
+// the mask's broadcast view. Each check names the argument it rejects.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "attention_mask.cuh"
+
+namespace course {
+
+struct AttentionShape {
+  int64_t B, H, Sq, Sk, D;
+};
+
+// q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D]: CUDA, contiguous, of `dtype`, same device.
+inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                at::ScalarType dtype) {
+  const at::Tensor* tensors[] = {&q, &k, &v};
+  const char* names[] = {"q", "k", "v"};
+  for (int t = 0; t < 3; ++t) {
+    const at::Tensor& x = *tensors[t];
+    TORCH_CHECK(x.is_cuda(), names[t], " must be a CUDA tensor, got device ", x.device());
+    TORCH_CHECK(x.scalar_type() == dtype, names[t], " must be ", dtype, ", got ", x.scalar_type());
+    TORCH_CHECK(x.dim() == 4, names[t], " must be 4-D [B, H, S, D], got ", x.sizes());
+    TORCH_CHECK(x.is_contiguous(), names[t], " must be contiguous");
+    TORCH_CHECK(x.device() == q.device(), names[t], " must be on the same device as q");
+  }
+  const AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  TORCH_CHECK(k.size(0) == s.B && k.size(1) == s.H, "k must have q's batch and heads, got ",
+              k.sizes(), " for q ", q.sizes());
+  TORCH_CHECK(k.size(3) == s.D, "k must have q's head dim D=", s.D, ", got ", k.size(3));
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", k.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(s.Sq > 0 && s.Sk > 0 && s.B > 0 && s.H > 0, "q, k, v must not be empty");
+  return s;
+}
+
+// Broadcast view of an optional mask: bool (true = attend) or float32 (added to the scores).
+inline MaskView make_mask_view(const c10::optional<at::Tensor>& mask, const AttentionShape& s,
+                               const at::Tensor& q) {
+  MaskView view;
+  if (!mask.has_value() || !mask->defined()) return view;
+  const at::Tensor& m = *mask;
+  TORCH_CHECK(m.is_cuda() && m.device() == q.device(), "mask must be on q's device");
+  TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat,
+              "mask must be bool or float32, got ", m.scalar_type());
+  TORCH_CHECK(m.dim() <= 4, "mask must broadcast to [B, H, Sq, Sk], got ", m.sizes());
+  const int64_t target[4] = {s.B, s.H, s.Sq, s.Sk};
+  int64_t strides[4] = {0, 0, 0, 0};
+  const int64_t pad = 4 - m.dim();
+  for (int64_t d = 0; d < m.dim(); ++d) {
+    const int64_t size = m.size(d);
+    TORCH_CHECK(size == target[d + pad] || size == 1, "mask of shape ", m.sizes(),
+                " does not broadcast to [B, H, Sq, Sk] = [", s.B, ", ", s.H, ", ", s.Sq, ", ",
+                s.Sk, "]");
+    strides[d + pad] = size == 1 ? 0 : m.stride(d);
+  }
+  view.ptr = m.data_ptr();
+  view.kind = m.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kAdditive;
+  view.stride_b = strides[0];
+  view.stride_h = strides[1];
+  view.stride_q = strides[2];
+  view.stride_k = strides[3];
+  return view;
+}
+
+inline AttentionMasking make_masking(const c10::optional<at::Tensor>& mask, bool causal,
+                                     int64_t stride, const AttentionShape& s, const at::Tensor& q) {
+  TORCH_CHECK(stride >= 1, "stride must be >= 1, got ", stride);
+  AttentionMasking m;
+  m.mask = make_mask_view(mask, s, q);
+  m.causal = causal;
+  m.stride = static_cast<int>(stride);
+  return m;
+}
+
+}  // namespace course

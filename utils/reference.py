@@ -1,0 +1,132 @@
+"""Float64 references every kernel of the course is checked against.
+
+Attention semantics (the same for every kernel of every phase):
+- q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, D]; scale defaults to 1 / sqrt(D).
+- mask: boolean (True = attend) or additive float, broadcastable to [B, H, Sq, Sk].
+- is_causal: query i attends keys j <= i (torch SDPA's top-left alignment, also when Sq != Sk).
+- stride: strided sparse attention, query i attends keys j with j % stride == 0 (combinable with
+  causal and masks).
+- key_lengths: per-batch number of valid keys [B]; keys j >= key_lengths[b] are padding.
+- A query row whose keys are all masked gives an output row of zeros (and logsumexp -inf).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_bias(
+    B: int, H: int, Sq: int, Sk: int,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    stride: int | None = None,
+    key_lengths: torch.Tensor | None = None,
+    device=None,
+) -> torch.Tensor:
+    """The float64 additive bias [B, H, Sq, Sk] (0 / -inf / user values) that every rule adds up to."""
+    bias = torch.zeros(B, H, Sq, Sk, dtype=torch.float64, device=device)
+    i = torch.arange(Sq, device=device).view(Sq, 1)
+    j = torch.arange(Sk, device=device).view(1, Sk)
+    hidden = torch.zeros(Sq, Sk, dtype=torch.bool, device=device)
+    if is_causal:
+        hidden |= j > i
+    if stride is not None:
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        hidden |= (j % stride) != 0
+    bias = bias.masked_fill(hidden, -math.inf)
+    if key_lengths is not None:
+        padding = j.view(1, Sk) >= key_lengths.to(device).view(B, 1)  # [B, Sk]
+        bias = bias.masked_fill(padding.view(B, 1, 1, Sk), -math.inf)
+    if mask is not None:
+        mask = mask.to(device)
+        if mask.dtype == torch.bool:
+            bias = bias.masked_fill(~mask.expand(B, H, Sq, Sk), -math.inf)
+        else:
+            bias = bias + mask.to(torch.float64).expand(B, H, Sq, Sk)
+    return bias
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    stride: int | None = None,
+    key_lengths: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """softmax(scale * q k^T + bias) v in float64; fully masked rows give zeros.
+
+    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse).
+    """
+    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    B, H, Sq, D = q64.shape
+    Sk = k64.shape[2]
+    if k64.shape != (B, H, Sk, D) or v64.shape != (B, H, Sk, D):
+        raise ValueError(f"k and v must be [B, H, Sk, D] matching q {tuple(q.shape)}")
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    scores = scale * (q64 @ k64.transpose(-1, -2))
+    scores = scores + attention_bias(B, H, Sq, Sk, mask, is_causal, stride, key_lengths, q64.device)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    fully_masked = torch.isneginf(row_max)
+    row_max = torch.where(fully_masked, torch.zeros_like(row_max), row_max)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    p = torch.where(fully_masked, torch.zeros_like(p), p / torch.where(fully_masked, 1.0, row_sum))
+    out = p @ v64
+    if not return_lse:
+        return out
+    lse = torch.where(fully_masked, -math.inf, row_max + torch.log(row_sum)).squeeze(-1)
+    return out, lse
+
+
+def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Row softmax in float64 whose fully -inf rows give zeros (not NaN)."""
+    s = scores.detach().to(torch.float64)
+    row_max = s.amax(dim=dim, keepdim=True)
+    fully_masked = torch.isneginf(row_max)
+    p = torch.exp(s - torch.where(fully_masked, 0.0, row_max))
+    total = p.sum(dim=dim, keepdim=True)
+    return torch.where(fully_masked, torch.zeros_like(p), p / torch.where(fully_masked, 1.0, total))
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
+    """LayerNorm over the last dimension in float64 (two-pass); with residual, of x + residual."""
+    x64 = x.detach().to(torch.float64)
+    if residual is not None:
+        x64 = x64 + residual.detach().to(torch.float64)
+    mean = x64.mean(dim=-1, keepdim=True)
+    var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
+    y = (x64 - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight.detach().to(torch.float64)
+    if bias is not None:
+        y = y + bias.detach().to(torch.float64)
+    return y
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU in float64: 'none' is the exact erf form, 'tanh' the tanh approximation."""
+    x64 = x.detach().to(torch.float64)
+    if approximate == "tanh":
+        return 0.5 * x64 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+    if approximate == "none":
+        return 0.5 * x64 * (1.0 + torch.erf(x64 / math.sqrt(2.0)))
+    raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def mlp(x, w1, b1, w2, b2, residual=None, approximate: str = "tanh"):
+    """Transformer MLP in float64: gelu(x w1^T + b1) w2^T + b2 (+ residual). Weights as nn.Linear."""
+    x64 = x.detach().to(torch.float64)
+    h = x64 @ w1.detach().to(torch.float64).t()
+    if b1 is not None:
+        h = h + b1.detach().to(torch.float64)
+    y = gelu(h, approximate) @ w2.detach().to(torch.float64).t()
+    if b2 is not None:
+        y = y + b2.detach().to(torch.float64)
+    if residual is not None:
+        y = y + residual.detach().to(torch.float64)
+    return y

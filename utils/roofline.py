@@ -1,0 +1,250 @@
+"""The Roofline: ceilings measured on the GPU, FLOP and byte models, and the plot.
+
+Ceilings are measured once per GPU and cached in utils/results/ceilings.json (keyed by GPU name):
+- dram_TBps: device-to-device copy, bytes read + bytes written, over time;
+- fp32_TFLOPs: the FFMA micro-kernel (utils/csrc/ceilings.cu), 8 independent chains per thread;
+- sgemm_TFLOPs: cuBLAS SGEMM 8192^3 with TF32 off; tf32/fp16/bf16_tc_TFLOPs: the same with TF32 on,
+  and in float16 / bfloat16 (tensor cores).
+
+Models (minimum work: each input read once, each output written once):
+- attention FLOPs = 4 * B * H * Sq * Sk * D (two matmuls of 2*Sq*Sk*D each), halved for causal;
+  bytes = (q + k + v + out) elements * element size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CEILINGS_PATH = Path(__file__).resolve().parent / "results" / "ceilings.json"
+
+# ------------------------------------------------------------------------------------------------
+# FLOP and byte models
+
+
+def attention_flops(B, H, Sq, Sk, D, causal=False, stride=1) -> float:
+    """QK^T and PV: 2 * (2 * Sq * Sk * D) per head; causal keeps about half, stride 1/stride."""
+    flops = 4.0 * B * H * Sq * Sk * D
+    if causal:
+        flops *= _causal_fraction(Sq, Sk)
+    return flops / stride
+
+
+def _causal_fraction(Sq, Sk) -> float:
+    """Fraction of the Sq x Sk score matrix with j <= i (top-left aligned causal)."""
+    # sum over rows i of min(i + 1, Sk)
+    if Sq <= Sk:
+        visible = Sq * (Sq + 1) / 2
+    else:
+        visible = Sk * (Sk + 1) / 2 + (Sq - Sk) * Sk
+    return visible / (Sq * Sk)
+
+
+def attention_bytes(B, H, Sq, Sk, D, elem_bytes=4) -> float:
+    """Fused minimum: read q, k, v once, write out once."""
+    return float(elem_bytes) * B * H * (2 * Sq * D + 2 * Sk * D)
+
+
+def unfused_attention_bytes(B, H, Sq, Sk, D, elem_bytes=4) -> float:
+    """Three-kernel minimum: also write S, read S, write P, read P (the Sq x Sk round trips)."""
+    return attention_bytes(B, H, Sq, Sk, D, elem_bytes) + 4.0 * elem_bytes * B * H * Sq * Sk
+
+
+def matmul_flops(M, N, K, batch=1) -> float:
+    return 2.0 * batch * M * N * K
+
+
+def matmul_bytes(M, N, K, batch=1, elem_bytes=4) -> float:
+    return float(elem_bytes) * batch * (M * K + K * N + M * N)
+
+
+def softmax_flops(rows, cols) -> float:
+    """max, subtract, exp, sum, divide: about 5 operations per element."""
+    return 5.0 * rows * cols
+
+
+def softmax_bytes(rows, cols, elem_bytes=4) -> float:
+    return 2.0 * elem_bytes * rows * cols
+
+
+def layer_norm_flops(rows, hidden) -> float:
+    """mean, variance, normalize, scale, shift: about 8 operations per element."""
+    return 8.0 * rows * hidden
+
+
+def layer_norm_bytes(rows, hidden, elem_bytes=4, residual=False) -> float:
+    """Read x (and residual), write y (and the sum), read gamma and beta once."""
+    tensors = 4 if residual else 2
+    return float(elem_bytes) * (tensors * rows * hidden + 2 * hidden)
+
+
+def mlp_flops(tokens, hidden, inner) -> float:
+    """Two GEMMs (2 * tokens * hidden * inner each); bias, GELU and residual are negligible."""
+    return 4.0 * tokens * hidden * inner
+
+
+def mlp_bytes(tokens, hidden, inner, elem_bytes=4) -> float:
+    """Read x, both weights and biases, the residual; write out (the hidden activation kept on chip
+    is the fused ideal, so it is not counted)."""
+    return float(elem_bytes) * (3 * tokens * hidden + 2 * hidden * inner + inner + hidden)
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+# ------------------------------------------------------------------------------------------------
+# Ceilings
+
+
+def _time(fn, reps=20) -> float:
+    from utils.bench import time_cuda
+
+    return time_cuda(fn, warmup=3, reps=reps, flush_l2=False)
+
+
+def measure_ceilings() -> dict:
+    """Measure every ceiling on the current GPU (about 20 s)."""
+    from utils import ceilings as ceilings_ext
+
+    props = torch.cuda.get_device_properties(0)
+    out: dict = {"gpu": props.name, "sms": props.multi_processor_count}
+
+    src = torch.empty(2 * 2**30 // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = _time(lambda: dst.copy_(src))
+    out["dram_TBps"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+    del src, dst
+
+    ops = ceilings_ext.load()
+    threads, iterations = 256, 4096
+    blocks = props.multi_processor_count * 16
+    scratch = torch.empty(blocks * threads, device="cuda")
+    ms = _time(lambda: ops.ffma_peak(scratch, blocks, threads, iterations))
+    ffma = blocks * threads * iterations * ceilings_ext.CHAINS_PER_THREAD
+    out["fp32_TFLOPs"] = 2 * ffma / (ms * 1e-3) / 1e12
+
+    n = 8192
+    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    for key, dtype, tf32 in (("sgemm_TFLOPs", torch.float32, False), ("tf32_tc_TFLOPs", torch.float32, True),
+                             ("fp16_tc_TFLOPs", torch.float16, False), ("bf16_tc_TFLOPs", torch.bfloat16, False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        ms = _time(lambda: a @ b, reps=10)
+        out[key] = matmul_flops(n, n, n) / (ms * 1e-3) / 1e12
+        del a, b
+    torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+    torch.cuda.empty_cache()
+    return out
+
+
+def load_cached_ceilings(gpu: str | None = None) -> dict | None:
+    """Cached ceilings for this GPU (or the named one, or the first cached one on a CPU machine)."""
+    if not CEILINGS_PATH.exists():
+        return None
+    cache = json.loads(CEILINGS_PATH.read_text())
+    if gpu is None and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_properties(0).name
+    if gpu is not None:
+        return cache.get("by_gpu", {}).get(gpu)
+    return next(iter(cache.get("by_gpu", {}).values()), None)
+
+
+def get_ceilings(remeasure: bool = False) -> dict:
+    """This GPU's ceilings, measured once and cached (with the environment stamp)."""
+    from utils.results import env_stamp
+
+    cached = None if remeasure else load_cached_ceilings()
+    if cached is not None:
+        return cached
+    ceilings = measure_ceilings()
+    ceilings["env"] = env_stamp()
+    cache = json.loads(CEILINGS_PATH.read_text()) if CEILINGS_PATH.exists() else {"by_gpu": {}}
+    cache["by_gpu"][ceilings["gpu"]] = ceilings
+    CEILINGS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    CEILINGS_PATH.write_text(json.dumps(cache, indent=1) + "\n")
+    return ceilings
+
+
+# ------------------------------------------------------------------------------------------------
+# Plot
+
+CEILING_LABELS = {
+    "fp32_TFLOPs": "FP32 FFMA peak",
+    "sgemm_TFLOPs": "cuBLAS SGEMM",
+    "tf32_tc_TFLOPs": "TF32 tensor cores",
+    "fp16_tc_TFLOPs": "FP16 tensor cores",
+    "bf16_tc_TFLOPs": "BF16 tensor cores",
+}
+
+
+def plot_roofline(points: list[dict], ceilings: dict, path: str | Path, title: str,
+                  compute_ceilings=("fp32_TFLOPs", "sgemm_TFLOPs"), env: dict | None = None) -> Path:
+    """Log-log Roofline: attainable TFLOP/s against arithmetic intensity (FLOP/byte).
+
+    points: dicts with label, flops, bytes, ms, and optionally measured_bytes (ncu DRAM bytes):
+    each point is drawn at its analytic intensity (filled) and, where measured, at its measured
+    intensity (hollow, joined by a line), so a student sees how far real traffic is from the ideal.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    bandwidth = ceilings["dram_TBps"] * 1e12
+    intensities = [p["flops"] / p["bytes"] for p in points] + [
+        p["flops"] / p["measured_bytes"] for p in points if p.get("measured_bytes")]
+    lo = min([0.05] + [i / 3 for i in intensities])
+    hi = max([2000.0] + [i * 3 for i in intensities])
+    xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
+    styles = ["-", "--", "-.", ":", (0, (5, 1))]
+    for n, key in enumerate(k for k in compute_ceilings if k in ceilings):
+        peak = ceilings[key] * 1e12
+        ax.plot(xs, [min(peak, bandwidth * x) / 1e12 for x in xs], linestyle=styles[n % len(styles)],
+                color="black", linewidth=1.2)
+        ax.annotate(f"{CEILING_LABELS.get(key, key)} {ceilings[key]:.0f} TFLOP/s", (hi, peak / 1e12),
+                    ha="right", va="bottom", fontsize=8)
+    ridge_x = lo * 1.5
+    ax.annotate(f"DRAM {ceilings['dram_TBps']:.2f} TB/s", (ridge_x, bandwidth * ridge_x / 1e12),
+                rotation=0, fontsize=8, va="bottom")
+    cmap = plt.get_cmap("tab10" if len(points) <= 10 else "tab20")
+    for n, p in enumerate(points):
+        x = p["flops"] / p["bytes"]
+        y = p["flops"] / (p["ms"] * 1e-3) / 1e12
+        color = cmap(n % cmap.N)
+        ax.scatter([x], [y], color=color, zorder=3, label=p["label"])
+        if p.get("measured_bytes"):
+            xm = p["flops"] / p["measured_bytes"]
+            ax.scatter([xm], [y], facecolors="none", edgecolors=[color], zorder=3)
+            ax.plot([xm, x], [y, y], color=color, linewidth=0.8, alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
+    ax.set_ylabel("TFLOP/s")
+    stamp = f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date'][:10]}, {env['commit']}" if env else ""
+    ax.set_title(f"{title}\n{stamp}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    if any(p.get("measured_bytes") for p in points):
+        ax.text(0.01, 0.99, "filled: minimum bytes; hollow: ncu-measured DRAM bytes",
+                transform=ax.transAxes, fontsize=7, va="top")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def ridge_point(ceilings: dict, key: str = "fp32_TFLOPs") -> float:
+    """Intensity (FLOP/byte) where the compute ceiling meets the bandwidth line."""
+    return ceilings[key] / ceilings["dram_TBps"]

@@ -1,0 +1,14 @@
+"""Every phase extension that exists compiles (no GPU needed; skipped only without a toolkit)."""
+
+import pytest
+
+from utils.build import EXTENSION_PACKAGES, REPO_ROOT, build_all
+from utils.testing import requires_toolkit
+
+
+@requires_toolkit
+@pytest.mark.compile
+def test_every_extension_builds():
+    present = [p for p in EXTENSION_PACKAGES if (REPO_ROOT / p.replace(".", "/")).exists()]
+    assert present, "no extension packages found"
+    assert build_all(present), "some extensions failed to build (their logs are printed above)"
