@@ -209,10 +209,15 @@ def _build_one(package: str, jobs: int) -> tuple[str, float, str]:
     return package, time.perf_counter() - start, error
 
 
+def package_exists(package: str) -> bool:
+    path = REPO_ROOT / package.replace(".", "/")
+    return (path / "__init__.py").exists() or path.with_suffix(".py").exists()
+
+
 def build_all(packages=EXTENSION_PACKAGES) -> bool:
     """Build the given packages' extensions in parallel; print each build's time. True if all built."""
     check_setup()
-    present = [p for p in packages if (REPO_ROOT / p.replace(".", "/")).exists()]
+    present = [p for p in packages if package_exists(p)]
     workers = max(1, min(len(present), os.cpu_count() or 1))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     print(f"building {len(present)} extensions, {workers} at a time, "
