@@ -41,6 +41,7 @@ EXTENSION_PACKAGES = (
     "phase3_tiled",
     "phase4_coalesced",
     "phase5_fused",
+    "phase5_fused.tc",
     "phase6_layernorm_mlp",
 )
 

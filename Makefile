@@ -1,0 +1,22 @@
+# Thin wrappers; every target runs with the interpreter utils/env.sh picks (and sets up if needed).
+PY := $(shell sh utils/env.sh)
+
+.PHONY: run test build profile sanitize clean
+
+run:        ## build every kernel, run every phase script, regenerate metrics, plots, tables
+	$(PY) -m utils.run_all
+
+test:       ## the whole test suite: CPU tests, every extension compiled, GPU tests where a GPU is
+	$(PY) -m pytest -q
+
+build:      ## build every phase's extension in parallel, printing each build's time
+	$(PY) -m utils.build --all
+
+sanitize:   ## compute-sanitizer memcheck and racecheck over every phase's kernels (GPU)
+	$(PY) -m utils.sanitize
+
+profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
+	$(PY) -m phase1_baseline.run
+
+clean:      ## remove build outputs (not results)
+	rm -rf build .pytest_cache

@@ -1,0 +1,177 @@
+"""Profile the baseline GPT: where the time goes, how fast attention runs, where it sits on the Roofline.
+
+`python -m phase1_baseline.run` (or this module) on a GPU:
+1. torch.profiler table per op at batch 8, seq 1024, with attention's share of the GPU time;
+2. forward time, tokens/s and peak memory for seq 128, 256, 512, 1024 and batch 1, 8, 32, with the
+   explicit-math attention (torch_eager) and with torch SDPA (torch_sdpa), same weights, same tokens;
+3. the attention step alone at the model's shapes (H=8, D=64, causal): torch_naive vs sdpa_efficient;
+4. ncu metrics of the attention kernels (GFLOP/s, DRAM GB/s, occupancy);
+5. results/baseline_metrics.json and results/baseline_roofline.png with the measured ceilings.
+Without a GPU it redraws the plot from the committed results and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from phase1_baseline.pytorch_transformer import build_model, causal_attention_math, synthetic_batch
+from utils import roofline
+from utils.attention_bench import benchmark_attention, roofline_points
+from utils.bench import peak_extra_mb, sweep, time_cuda
+from utils.peers import sdpa, torch_naive
+from utils.results import read_results, write_results
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METRICS_PATH = RESULTS / "baseline_metrics.json"
+ROOFLINE_PATH = RESULTS / "baseline_roofline.png"
+SEQ_LENS = (128, 256, 512, 1024)
+BATCHES = (1, 8, 32)
+PROFILE_SHAPE = {"batch": 8, "seq": 1024}
+HEADS, HEAD_DIM = 8, 64
+
+
+RANGES = ("attention", "mlp", "layer_norm", "attention.qk", "attention.scale", "attention.mask",
+          "attention.softmax", "attention.av")
+
+
+def profile_ops(model, idx, top: int = 15) -> dict:
+    """torch.profiler over one forward: the top ops by GPU time, and the share of the GPU time spent
+    in each named range (attention and its steps, mlp, layer_norm)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    model(idx)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model(idx)
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    total = sum(e.device_time_total for e in kernels)
+    # A CPU range's device_time_total counts the kernels launched inside it, children included.
+    shares = {name: sum(e.device_time_total for e in events
+                        if e.device_type == DeviceType.CPU and e.name == name) / total for name in RANGES}
+    averages = [e for e in prof.key_averages() if e.key not in RANGES and e.self_device_time_total > 0]
+    ops = [{"op": e.key, "gpu_us": e.self_device_time_total, "calls": e.count,
+            "share": e.self_device_time_total / total}
+           for e in sorted(averages, key=lambda e: -e.self_device_time_total)[:top]]
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=top), flush=True)
+    return {"shape": PROFILE_SHAPE, "total_gpu_us": total, "top_ops": ops, "range_shares": shares}
+
+
+def model_rows(seq_lens=SEQ_LENS, batches=BATCHES) -> list[dict]:
+    """Forward time, tokens/s and peak memory, eager math attention vs SDPA, same weights and tokens."""
+    models = {"torch_eager": build_model(device="cuda", attention="math"),
+              "torch_sdpa": build_model(device="cuda", attention="sdpa")}
+
+    def run_one(c):
+        idx = synthetic_batch(c["B"], c["S"], device="cuda")
+        rows = []
+        for impl, model in models.items():
+            ms = time_cuda(lambda: model(idx), warmup=3, reps=10)
+            rows.append({"impl": impl, "op": "model", "B": c["B"], "S": c["S"], "dtype": "float32",
+                         "ms": ms, "tokens_per_s": c["B"] * c["S"] / (ms * 1e-3),
+                         "extra_mb": peak_extra_mb(lambda: model(idx))})
+        return rows
+
+    configs = [{"B": b, "S": s} for b in batches for s in seq_lens]
+    return sweep(configs, run_one, "model")
+
+
+def attention_rows(seq_lens=SEQ_LENS, batch=PROFILE_SHAPE["batch"]) -> list[dict]:
+    impls = {"torch_naive": lambda q, k, v, c: torch_naive(q, k, v, is_causal=c),
+             "sdpa_efficient": lambda q, k, v, c: sdpa("sdpa_efficient")(q, k, v, is_causal=c)}
+    configs = [{"B": batch, "H": HEADS, "S": s, "D": HEAD_DIM, "causal": True} for s in seq_lens]
+    return benchmark_attention(impls, configs, desc="attention")
+
+
+def ncu_records() -> list[dict] | str:
+    """ncu metrics of the explicit-math attention's kernels at the profile shape."""
+    from utils.ncu import NcuUnavailable, profile_python
+
+    try:
+        records = profile_python(["phase1_baseline.profile_pytorch", "--ncu-target"], launch_count=20)
+    except NcuUnavailable as exc:
+        print(f"ncu skipped: {exc}", flush=True)
+        return str(exc)
+    return [classify_kernel(r, n) for n, r in enumerate(records)]
+
+
+def classify_kernel(record: dict, index: int) -> dict:
+    """Name each ncu record by the attention step it belongs to (the launches come in program order:
+    QK^T GEMM, scale, mask, softmax, AV GEMM)."""
+    name = record["kernel"].lower()
+    if "gemm" in name or "cutlass" in name or "xmma" in name:
+        record["step"] = "matmul"
+    elif "softmax" in name:
+        record["step"] = "softmax"
+    else:
+        record["step"] = "elementwise"
+    record["launch"] = index
+    return record
+
+
+def ncu_target() -> None:
+    """What ncu profiles: the explicit-math attention once at the profile shape."""
+    B, S = PROFILE_SHAPE["batch"], PROFILE_SHAPE["seq"]
+    q, k, v = (torch.randn(B, HEADS, S, HEAD_DIM, device="cuda") for _ in range(3))
+    torch.cuda.synchronize()
+    causal_attention_math(q, k, v)
+    torch.cuda.synchronize()
+
+
+def plot(doc: dict) -> None:
+    points = roofline_points(doc["rows"], {"op": "attention", "Sq": PROFILE_SHAPE["seq"]})
+    for r in doc["rows"]:
+        if r["op"] == "attention" and r["impl"] == "torch_naive" and r["Sq"] != PROFILE_SHAPE["seq"]:
+            point = roofline_points([r], {})[0]
+            point["label"] = f"torch_naive S={r['Sq']}"
+            points.append(point)
+    if isinstance(doc.get("ncu"), list):
+        for r in doc["ncu"]:
+            if r.get("fp32_flops") and r.get("dram_bytes") and r.get("time_ns"):
+                points.append({"label": f"ncu: {r['step']} #{r['launch']}", "flops": r["fp32_flops"],
+                               "bytes": r["dram_bytes"], "ms": r["time_ns"] * 1e-6})
+    roofline.plot_roofline(points, doc["ceilings"], ROOFLINE_PATH,
+                           f"Phase 1: PyTorch attention, B={PROFILE_SHAPE['batch']}, H={HEADS}, D={HEAD_DIM}, causal",
+                           env=doc["env"])
+    print(f"wrote {ROOFLINE_PATH}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sweep, no ncu (a smoke run)")
+    parser.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ncu_target:
+        ncu_target()
+        return 0
+    if not torch.cuda.is_available():
+        if METRICS_PATH.exists():
+            print("no GPU visible: redrawing the phase 1 Roofline from the committed results (nothing re-measured)")
+            plot(read_results(METRICS_PATH))
+        else:
+            print("no GPU visible and no committed phase 1 results yet: nothing to do")
+        return 0
+    ceilings = roofline.get_ceilings()
+    seq_lens, batches = ((128, 256), (1, 8)) if args.quick else (SEQ_LENS, BATCHES)
+    model = build_model(device="cuda")
+    profile = profile_ops(model, synthetic_batch(PROFILE_SHAPE["batch"], PROFILE_SHAPE["seq"], device="cuda"))
+    del model
+    rows = model_rows(seq_lens, batches) + attention_rows(seq_lens)
+    ncu = "skipped (--quick)" if args.quick else ncu_records()
+    write_results(METRICS_PATH, rows, ceilings, profile=profile, ncu=ncu)
+    doc = read_results(METRICS_PATH)
+    plot(doc)
+    share = profile["range_shares"]["attention"]
+    print(f"attention takes {share:.0%} of the forward's GPU time at batch {PROFILE_SHAPE['batch']}, "
+          f"seq {PROFILE_SHAPE['seq']}; wrote {METRICS_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

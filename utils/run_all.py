@@ -1,0 +1,117 @@
+"""The main job (`make run`): build every kernel, run every phase script, regenerate all results.
+
+On a GPU: builds all extensions in parallel, measures the ceilings (cached per GPU), then runs each
+phase's run.py in turn (benchmarks, ncu, plots, results/*.json). Optional steps: the whole test suite
+(--tests) and compute-sanitizer on every phase (--sanitize). --archive DIR packs every results folder
+and the logs into DIR/results.tar.gz, to unpack at the repository root.
+Without a GPU: each phase script redraws its plots from the committed results, and this says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from utils.build import REPO_ROOT, BuildSetupError, build_all
+
+PHASE_SCRIPTS = (
+    "phase1_baseline.run",
+    "phase2_naive.run",
+    "phase3_tiled.run",
+    "phase4_coalesced.run",
+    "phase5_fused.run",
+    "phase5_fused.run_tc",
+    "phase6_layernorm_mlp.run",
+)
+LOG_DIR = REPO_ROOT / "build" / "logs"
+
+
+def module_exists(module: str) -> bool:
+    return (REPO_ROOT / (module.replace(".", "/") + ".py")).exists()
+
+
+def run_logged(name: str, cmd: list[str], timeout: float | None = None) -> tuple[bool, float]:
+    """Run cmd, streaming its output to the console and to build/logs/<name>.log."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+    with open(LOG_DIR / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_env())
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            log.write(f"killed after {timeout} s\n")
+    return proc.returncode == 0, time.perf_counter() - start
+
+
+def _env():
+    import os
+
+    return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def archive(dest: Path) -> Path:
+    """Pack every results folder and the logs into dest/results.tar.gz (paths from the repo root)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "results.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for folder in sorted(REPO_ROOT.glob("*/results")) + sorted(REPO_ROOT.glob("*/*/results")):
+            if "build" not in folder.parts and ".venv" not in folder.parts:
+                tar.add(folder, arcname=str(folder.relative_to(REPO_ROOT)))
+        if LOG_DIR.exists():
+            tar.add(LOG_DIR, arcname="build/logs")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", action="store_true", help="run the whole test suite first")
+    parser.add_argument("--sanitize", action="store_true", help="run compute-sanitizer on every phase")
+    parser.add_argument("--no-bench", action="store_true", help="skip the phase scripts")
+    parser.add_argument("--only", nargs="+", help="phase scripts to run (e.g. phase3_tiled.run)")
+    parser.add_argument("--archive", type=Path, help="pack results and logs into ARCHIVE/results.tar.gz")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    gpu = torch.cuda.is_available()
+    summary: list[tuple[str, bool, float]] = []
+    try:
+        start = time.perf_counter()
+        summary.append(("build all", build_all(), time.perf_counter() - start))
+    except BuildSetupError as exc:
+        print(f"kernels not built: {exc}")
+    if not gpu:
+        print("no GPU visible: phase scripts redraw plots and tables from the committed results; "
+              "nothing is re-measured")
+    if args.tests:
+        summary.append(("tests", *run_logged("tests", [sys.executable, "-m", "pytest", "-q", "-ra"])))
+    if args.sanitize and gpu:
+        summary.append(("sanitize", *run_logged("sanitize", [sys.executable, "-m", "utils.sanitize"])))
+    if not args.no_bench:
+        if gpu:
+            from utils.roofline import get_ceilings
+
+            print(f"ceilings: {get_ceilings()}", flush=True)
+        for module in args.only or PHASE_SCRIPTS:
+            if module_exists(module):
+                summary.append((module, *run_logged(module, [sys.executable, "-m", module])))
+    if args.archive:
+        print(f"archived results to {archive(args.archive)}")
+    print("\n=== summary")
+    for name, ok, seconds in summary:
+        print(f"  {name:<28} {'ok' if ok else 'FAILED':<7} {seconds:7.1f} s")
+    return 0 if all(ok for _, ok, _ in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

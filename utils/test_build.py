@@ -1,0 +1,83 @@
+"""The build helper's set-up checks: one clear line for each bad set-up (CPU only)."""
+
+import os
+import types
+
+import pytest
+import torch
+
+from utils import build
+
+
+def test_cpu_only_torch_is_named(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(build.BuildSetupError, match="CPU-only"):
+        build.check_setup()
+
+
+def test_missing_ninja_is_named(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.sys, "executable", "/nonexistent/python")
+    with pytest.raises(build.BuildSetupError, match="ninja"):
+        build.check_setup()
+
+
+def test_missing_toolkit_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build, "STANDARD_CUDA_HOMES", ())
+    with pytest.raises(build.BuildSetupError, match="no CUDA toolkit"):
+        build.find_cuda_home()
+
+
+def fake_toolkit(root, release):
+    (root / "bin").mkdir(parents=True)
+    (root / "lib64").mkdir()
+    (root / "lib64" / "libcudart.so").write_text("")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.0'\n")
+    nvcc.chmod(0o755)
+    return root
+
+
+def test_toolkit_found_through_wrapper_script(monkeypatch, tmp_path):
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    wrapper_dir = tmp_path / "bin"
+    wrapper_dir.mkdir()
+    (wrapper_dir / "nvcc").write_text(f"#!/bin/sh\nexec {home}/bin/nvcc \"$@\"\n")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: str(wrapper_dir / "nvcc"))
+    assert build.find_cuda_home() == home
+
+
+def test_major_version_mismatch_is_named(monkeypatch, tmp_path):
+    home = fake_toolkit(tmp_path / "cuda", "12.4")
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/ninja" if name == "ninja" else None)
+    with pytest.raises(build.BuildSetupError, match="CUDA 12.4 but torch was built with CUDA 13.0"):
+        build.check_setup()
+
+
+def test_arch_defaults_to_hopper_without_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert build.gpu_arch() == "9.0"
+
+
+def test_stale_torch_lock_is_removed(tmp_path):
+    (tmp_path / "lock").write_text("")  # what a build killed halfway leaves behind
+    with build._build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+
+
+def test_build_all_reports_failures(monkeypatch, capsys):
+    monkeypatch.setattr(build, "check_setup", lambda: None)
+    monkeypatch.setattr(build, "package_exists", lambda p: True)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setattr(build, "_build_one", lambda p, jobs: (p, 0.1, "" if p == "good" else "boom"))
+    assert build.build_all(("good",)) is True
+    assert build.build_all(("good", "bad")) is False
+    assert "FAILED: boom" in capsys.readouterr().out

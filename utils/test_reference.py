@@ -1,0 +1,120 @@
+"""The float64 reference against torch's own math (CPU, float64): masks, causal, stride, Sq != Sk."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from utils import reference
+
+
+def qkv(B, H, Sq, Sk, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, Sq, D, generator=g, dtype=torch.float64),
+            torch.randn(B, H, Sk, D, generator=g, dtype=torch.float64),
+            torch.randn(B, H, Sk, D, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (17, 17), (5, 33), (33, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_sdpa_math(Sq, Sk, causal):
+    q, k, v = qkv(2, 3, Sq, Sk, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = reference.attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_bool_and_additive_masks_match_sdpa():
+    q, k, v = qkv(2, 2, 9, 13, 8)
+    g = torch.Generator().manual_seed(1)
+    keep = torch.rand(2, 1, 9, 13, generator=g) < 0.7
+    keep[..., 0] = True  # every row keeps a key, so SDPA's output is defined
+    torch.testing.assert_close(reference.attention(q, k, v, mask=keep),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+    bias = torch.randn(9, 13, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(reference.attention(q, k, v, mask=bias),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+
+def test_scale_is_applied():
+    q, k, v = qkv(1, 1, 4, 6, 8)
+    torch.testing.assert_close(reference.attention(q, k, v, scale=0.3),
+                               F.scaled_dot_product_attention(q, k, v, scale=0.3))
+
+
+def test_fully_masked_rows_are_zero_and_lse_neg_inf():
+    q, k, v = qkv(1, 2, 4, 6, 8)
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[2] = False
+    out, lse = reference.attention(q, k, v, mask=keep, return_lse=True)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert torch.isneginf(lse[:, :, 2]).all()
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, [0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_stride_equals_explicit_mask(stride, causal):
+    q, k, v = qkv(1, 2, 20, 20, 8)
+    i, j = torch.arange(20).view(-1, 1), torch.arange(20).view(1, -1)
+    keep = (j % stride == 0) & ((j <= i) if causal else True)
+    torch.testing.assert_close(reference.attention(q, k, v, stride=stride, is_causal=causal),
+                               reference.attention(q, k, v, mask=keep))
+
+
+def test_key_lengths_equal_padding_mask():
+    q, k, v = qkv(3, 2, 7, 10, 8)
+    lengths = torch.tensor([10, 4, 1])
+    keep = (torch.arange(10).view(1, 1, 1, 10) < lengths.view(3, 1, 1, 1))
+    torch.testing.assert_close(reference.attention(q, k, v, key_lengths=lengths),
+                               reference.attention(q, k, v, mask=keep))
+
+
+def test_lse_matches_logsumexp():
+    q, k, v = qkv(1, 1, 5, 7, 4)
+    _, lse = reference.attention(q, k, v, return_lse=True)
+    expected = torch.logsumexp(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1)
+    torch.testing.assert_close(lse, expected)
+
+
+def test_stride_below_one_is_rejected():
+    q, k, v = qkv(1, 1, 2, 2, 4)
+    with pytest.raises(ValueError, match="stride"):
+        reference.attention(q, k, v, stride=0)
+
+
+def test_softmax_of_masked_row_is_zero():
+    s = torch.tensor([[1.0, 2.0], [float("-inf"), float("-inf")]])
+    p = reference.softmax(s)
+    torch.testing.assert_close(p[0], torch.softmax(s[0].double(), -1))
+    assert torch.equal(p[1], torch.zeros(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_torch(approximate):
+    x = torch.linspace(-6, 6, 101, dtype=torch.float64)
+    torch.testing.assert_close(reference.gelu(x, approximate), F.gelu(x, approximate=approximate))
+
+
+def test_layer_norm_matches_torch_and_survives_offsets():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 33, generator=g, dtype=torch.float64)
+    w, b = torch.randn(33, generator=g, dtype=torch.float64), torch.randn(33, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(reference.layer_norm(x, w, b), F.layer_norm(x, (33,), w, b))
+    shifted = reference.layer_norm(x + 1e4, w, b)
+    torch.testing.assert_close(shifted, F.layer_norm(x, (33,), w, b), rtol=1e-8, atol=1e-8)
+
+
+def test_layer_norm_with_residual_normalizes_the_sum():
+    x, r = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(reference.layer_norm(x, residual=r), F.layer_norm(x + r, (8,)))
+
+
+def test_mlp_matches_torch_modules():
+    torch.manual_seed(0)
+    fc1, fc2 = torch.nn.Linear(16, 64).double(), torch.nn.Linear(64, 16).double()
+    x, res = torch.randn(5, 16, dtype=torch.float64), torch.randn(5, 16, dtype=torch.float64)
+    expected = fc2(F.gelu(fc1(x), approximate="tanh")) + res
+    torch.testing.assert_close(reference.mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, residual=res),
+                               expected.detach())
