@@ -102,11 +102,21 @@ def _derive(r: dict) -> None:
         r["sectors_per_request"] = r["gld_sectors"] / r["gld_requests"]
 
 
+def profiled_region():
+    """Context manager for the profiled part of a target run with from_start=False: only kernels
+    launched inside it are profiled (cudaProfilerStart / cudaProfilerStop)."""
+    import torch
+
+    return torch.cuda.profiler.profile()
+
+
 def profile(command: list[str], kernel_regex: str | None = None, launch_count: int = 50,
-            launch_skip: int = 0, timeout: float = 600) -> list[dict]:
-    """Profile the kernels `command` launches (optionally only names matching kernel_regex)."""
+            launch_skip: int = 0, timeout: float = 600, from_start: bool = True) -> list[dict]:
+    """Profile the kernels `command` launches (optionally only names matching kernel_regex; with
+    from_start=False only those inside the target's profiled_region())."""
     ncu = find_ncu()
     args = [ncu, "--clock-control", "none", "--csv", "--page", "raw",
+            "--profile-from-start", "on" if from_start else "off",
             "--metrics", ",".join(METRICS.values()),
             "--launch-count", str(launch_count), "--launch-skip", str(launch_skip)]
     if kernel_regex:

@@ -211,7 +211,7 @@ def plot_roofline(points: list[dict], ceilings: dict, path: str | Path, title: s
         ax.plot(xs, [min(peak, bandwidth * x) / 1e12 for x in xs], linestyle=styles[n % len(styles)],
                 color="black", linewidth=1.2)
         ax.annotate(f"{CEILING_LABELS.get(key, key)} {ceilings[key]:.0f} TFLOP/s", (hi, peak / 1e12),
-                    ha="right", va="bottom", fontsize=8)
+                    ha="right", va="bottom" if n % 2 == 0 else "top", fontsize=8)
     ridge_x = lo * 1.5
     ax.annotate(f"DRAM {ceilings['dram_TBps']:.2f} TB/s", (ridge_x, bandwidth * ridge_x / 1e12),
                 rotation=0, fontsize=8, va="bottom")

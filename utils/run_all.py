@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sanitize", action="store_true", help="run compute-sanitizer on every phase")
     parser.add_argument("--no-bench", action="store_true", help="skip the phase scripts")
     parser.add_argument("--only", nargs="+", help="phase scripts to run (e.g. phase3_tiled.run)")
+    parser.add_argument("--remeasure", action="store_true", help="measure the ceilings again (else cached per GPU)")
     parser.add_argument("--archive", type=Path, help="pack results and logs into ARCHIVE/results.tar.gz")
     args = parser.parse_args(argv)
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
         if gpu:
             from utils.roofline import get_ceilings
 
-            print(f"ceilings: {get_ceilings()}", flush=True)
+            print(f"ceilings: {get_ceilings(remeasure=args.remeasure)}", flush=True)
         for module in args.only or PHASE_SCRIPTS:
             if module_exists(module):
                 summary.append((module, *run_logged(module, [sys.executable, "-m", module])))

@@ -15,6 +15,7 @@ __global__ void ffma_chains_kernel(float* out, float a, float b, int64_t iterati
   float acc[kChains];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) acc[c] = threadIdx.x * 1e-3f + c;
+#pragma unroll 8
   for (int64_t it = 0; it < iterations; ++it) {
 #pragma unroll
     for (int c = 0; c < kChains; ++c) acc[c] = fmaf(acc[c], a, b);
