@@ -6,7 +6,7 @@
 
 #include <cstdint>
 #include <cuda_runtime.h>
-#include <math_constants.h>
+#include <cmath>
 
 namespace course {
 
@@ -31,13 +31,13 @@ struct AttentionMasking {
 // additive mask value. Causal and stride hide before the user's mask is consulted.
 __device__ __forceinline__ float mask_bias(const AttentionMasking& m, int64_t b, int64_t h,
                                            int64_t i, int64_t j) {
-  if (m.causal && j > i) return -CUDART_INF_F;
-  if (m.stride > 1 && (j % m.stride) != 0) return -CUDART_INF_F;
+  if (m.causal && j > i) return -INFINITY;
+  if (m.stride > 1 && (j % m.stride) != 0) return -INFINITY;
   if (m.mask.kind == MaskKind::kNone) return 0.0f;
   const int64_t offset =
       b * m.mask.stride_b + h * m.mask.stride_h + i * m.mask.stride_q + j * m.mask.stride_k;
   if (m.mask.kind == MaskKind::kBool)
-    return static_cast<const bool*>(m.mask.ptr)[offset] ? 0.0f : -CUDART_INF_F;
+    return static_cast<const bool*>(m.mask.ptr)[offset] ? 0.0f : -INFINITY;
   return static_cast<const float*>(m.mask.ptr)[offset];
 }
 

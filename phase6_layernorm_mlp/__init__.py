@@ -1,0 +1,176 @@
+"""Phase 6: LayerNorm, GELU and the fused MLP (CUDA kernels of the course's own).
+
+Public API (inputs are validated here first; every error names the argument it rejects):
+    layer_norm(x, weight=None, bias=None, eps=1e-5) -> y
+    add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5) -> (y, x + residual)
+    gelu(x, approximate="tanh" | "none") -> y
+    linear(x, weight, bias=None, activation=None | "gelu_tanh" | "gelu", residual=None)
+        = activation(x @ weight.T + bias) + residual            (FP32 SGEMM, fused epilogue)
+    mlp(x, w1, b1, w2, b2, residual=None, approximate="tanh")
+        = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue SGEMMs)
+
+LayerNorm and GELU take float32, float16 and bfloat16 (statistics and math in FP32); linear and
+mlp take float32. Weights are laid out as nn.Linear's: [out_features, in_features].
+Importing this package builds nothing; the extension is built (or loaded) by the first call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from utils.checks import check_cuda_tensor
+
+NAME = "phase6_layernorm_mlp"
+SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu"]
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+
+_ops = None
+
+
+def load():
+    """Build (first time) and load the extension; returns torch.ops.phase6_layernorm_mlp."""
+    global _ops
+    if _ops is None:
+        from utils.build import load_phase
+
+        load_phase(Path(__file__).parent, NAME, SOURCES)
+        _register_fakes()
+        _ops = getattr(torch.ops, NAME)
+    return _ops
+
+
+def _register_fakes() -> None:
+    """Shape-only (meta) implementations, so torch.compile can trace through the ops."""
+
+    @torch.library.register_fake(f"{NAME}::layer_norm")
+    def _(x, weight, bias, eps):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(f"{NAME}::add_layer_norm")
+    def _(x, residual, weight, bias, eps):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    @torch.library.register_fake(f"{NAME}::gelu")
+    def _(x, approximate):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(f"{NAME}::linear")
+    def _(x, weight, bias, activation, residual):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation helpers
+
+
+def _check_like(t, name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """t must be a CUDA tensor on x's device, of x's dtype and of `shape`; returns it contiguous."""
+    check_cuda_tensor(t, name, (x.dtype,))
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on {x.device} (x's device), got {t.device}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)} ({what}), got {list(t.shape)}")
+    return t.contiguous()
+
+
+def _check_eps(eps) -> float:
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_x(x, name: str = "x", dtypes=FLOAT_DTYPES) -> torch.Tensor:
+    check_cuda_tensor(x, name, dtypes)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last dimension, got shape {tuple(x.shape)}")
+    return x.contiguous()
+
+
+def _ln_params(x, weight, bias):
+    hidden = x.shape[-1]
+    if weight is not None:
+        weight = _check_like(weight, "weight", x, (hidden,), "the last dimension of x")
+    if bias is not None:
+        bias = _check_like(bias, "bias", x, (hidden,), "the last dimension of x")
+    return weight, bias
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dimension of x (any shape [..., hidden]); FP32 statistics."""
+    x = _check_x(x)
+    weight, bias = _ln_params(x, weight, bias)
+    return load().layer_norm(x, weight, bias, _check_eps(eps))
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LayerNorm(x + residual), x + residual) in one pass over memory."""
+    x = _check_x(x)
+    residual = _check_like(residual, "residual", x, tuple(x.shape), "the shape of x")
+    weight, bias = _ln_params(x, weight, bias)
+    out, total = load().add_layer_norm(x, residual, weight, bias, _check_eps(eps))
+    return out, total
+
+
+def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """GELU elementwise: approximate="tanh" (the tanh form) or "none" (the exact erf form)."""
+    check_cuda_tensor(x, "x", FLOAT_DTYPES)
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return load().gelu(x.contiguous(), approximate)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features]."""
+    check_cuda_tensor(x, "x", (torch.float32,))
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension [..., in_features]")
+    x = x.contiguous()
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None, 'gelu_tanh' or 'gelu', got {activation!r}")
+    check_cuda_tensor(weight, "weight", (torch.float32,), dim=2)
+    in_features = x.shape[-1]
+    out_features = weight.shape[0]
+    weight = _check_like(weight, "weight", x, (out_features, in_features),
+                         f"[out_features, in_features={in_features}], in_features = x.shape[-1]")
+    if bias is not None:
+        bias = _check_like(bias, "bias", x, (out_features,), "[out_features] of weight")
+    if residual is not None:
+        residual = _check_like(residual, "residual", x, (*x.shape[:-1], out_features), "the output's shape")
+    return load().linear(x, weight, bias, ACTIVATIONS[activation], residual)
+
+
+def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+        b2: torch.Tensor | None, residual: torch.Tensor | None = None, approximate: str = "tanh") -> torch.Tensor:
+    """The Transformer MLP: gelu(x @ w1.T + b1) @ w2.T + b2 (+ residual), FP32.
+
+    GEMM 1 applies bias and GELU in its epilogue; GEMM 2 applies bias and the residual add in its.
+    """
+    x = _check_x(x, "x", (torch.float32,))
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    check_cuda_tensor(w1, "w1", (torch.float32,), dim=2)
+    check_cuda_tensor(w2, "w2", (torch.float32,), dim=2)
+    hidden = x.shape[-1]
+    inner = w1.shape[0]
+    out_features = w2.shape[0]
+    w1 = _check_like(w1, "w1", x, (inner, hidden), f"[inner, hidden={hidden}], hidden = x.shape[-1]")
+    w2 = _check_like(w2, "w2", x, (out_features, inner), f"[out, inner={inner}], inner = w1.shape[0]")
+    if b1 is not None:
+        b1 = _check_like(b1, "b1", x, (inner,), "[inner] = w1.shape[0]")
+    if b2 is not None:
+        b2 = _check_like(b2, "b2", x, (out_features,), "[out] = w2.shape[0]")
+    if residual is not None:
+        residual = _check_like(residual, "residual", x, (*x.shape[:-1], out_features), "the output's shape")
+    ops = load()
+    h = ops.linear(x, w1, b1, "gelu_tanh" if approximate == "tanh" else "gelu", None)
+    return ops.linear(h, w2, b2, "none", residual)

@@ -1,0 +1,26 @@
+// Host entry points of the phase's kernels (defined in the .cu files, called by ops.cpp).
+// Pointers are raw device pointers of contiguous tensors; nullptr means "absent" for the optional
+// ones. Every launcher enqueues on `stream` and returns; the caller checks the launch.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "types.h"
+
+namespace phase6 {
+
+// y = LN(x (+ residual)) * gamma + beta over rows of `hidden` elements; with residual, the sum
+// x + residual is also written to `sum`. gamma and beta may be nullptr.
+void launch_layer_norm(DType dtype, const void* x, const void* residual, const void* gamma,
+                       const void* beta, void* y, void* sum, int64_t rows, int64_t hidden,
+                       float eps, cudaStream_t stream);
+
+// y = gelu(x) elementwise over n elements.
+void launch_gelu(DType dtype, const void* x, void* y, int64_t n, Activation act, cudaStream_t stream);
+
+// C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
+void launch_linear(const float* A, const float* W, const float* bias, const float* residual, float* C,
+                   int64_t M, int64_t N, int64_t K, Activation act, cudaStream_t stream);
+
+}  // namespace phase6
