@@ -21,7 +21,7 @@ import torch
 from utils.checks import check_attention_inputs, check_cuda_tensor, check_mask
 
 NAME = "phase2_naive"
-SOURCES = ["ops.cu", "naive_qk.cu", "naive_softmax.cu", "naive_av.cu"]
+SOURCES = ["ops.cpp", "naive_qk.cu", "naive_softmax.cu", "naive_av.cu"]
 MAX_HEAD_DIM = 128
 
 _ops = None

@@ -23,7 +23,7 @@ import torch
 from utils.checks import check_attention_inputs, check_cuda_tensor, check_mask
 
 NAME = "phase3_tiled"
-SOURCES = ["ops.cu", "tiled_qk.cu", "block_softmax.cu", "tiled_av.cu"]
+SOURCES = ["ops.cpp", "tiled_qk.cu", "block_softmax.cu", "tiled_av.cu"]
 TILES = (8, 16, 32)
 DEFAULT_TILE = 16
 MAX_HEAD_DIM = 128

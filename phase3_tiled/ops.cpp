@@ -1,7 +1,6 @@
 // Phase 3's ops: validation (each check names the argument), allocation, launch on the current
 // CUDA stream, launch check. Registered as torch.ops.phase3_tiled.{matmul_qk, softmax,
-// matmul_av, attention}. A .cu (not .cpp) file because utils/csrc/attention_args.h pulls in
-// attention_mask.cuh, whose device code only the CUDA compiler accepts.
+// matmul_av, attention}.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

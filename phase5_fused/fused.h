@@ -1,0 +1,33 @@
+// What ops.cpp hands to the two fused FP32 kernels of phase 5 (fused_teaching.cu, fused_fast.cu).
+// Plain data only, so this header is shared by the host compiler and nvcc.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "attention_mask.cuh"
+
+namespace phase5 {
+
+// The FP32 head dims both kernels support (each has a template instance per D).
+constexpr int kSupportedD[] = {32, 64, 80, 96, 128};
+
+struct FusedParams {
+  const float* q;            // [B, H, Sq, D], contiguous, 16-byte aligned
+  const float* k;            // [B, H, Sk, D]
+  const float* v;            // [B, H, Sk, D]
+  float* o;                  // [B, H, Sq, D]
+  float* lse;                // [B, H, Sq] natural-log logsumexp, or nullptr when not requested
+  const int* key_lengths;    // [B] valid keys per batch (already clamped to [0, Sk]), or nullptr
+  int64_t B, H, Sq, Sk;
+  float scale;               // softmax scale (1/sqrt(D) by default)
+  course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
+};
+
+// Launchers (one per kernel file); they pick the template instance for D and launch on `stream`.
+// variant: the fast kernel's tile configuration (0 = default for D; see fused_fast.cu).
+void launch_teaching(const FusedParams& p, int D, cudaStream_t stream);
+void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream);
+int fast_variant_count(int D);
+
+}  // namespace phase5

@@ -1,0 +1,111 @@
+// Phase 5 ops: validation (each error names the argument), then the launch of the teaching or the
+// fast fused kernel on the current CUDA stream.
+//   phase5_fused::attention_teaching(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse)
+//   phase5_fused::attention_fast(..., variant)
+// Both return (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+
+#include "attention_args.h"
+#include "fused.h"
+
+namespace {
+
+bool supported_d(int64_t D) {
+  for (int d : phase5::kSupportedD)
+    if (d == D) return true;
+  return false;
+}
+
+struct Prepared {
+  phase5::FusedParams params;
+  at::Tensor out, lse, key_lengths;  // keep the clamped key_lengths alive until the launch
+  int D;
+};
+
+Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
+  const course::AttentionShape s = course::check_qkv(q, k, v, at::kFloat);
+  TORCH_CHECK(supported_d(s.D), "q: head dim D=", s.D, " is not supported (32, 64, 80, 96, 128)");
+  const at::Tensor* tensors[] = {&q, &k, &v};
+  const char* names[] = {"q", "k", "v"};
+  for (int t = 0; t < 3; ++t)
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(tensors[t]->data_ptr()) % 16 == 0, names[t],
+                " must be 16-byte aligned (the kernels read rows with 16-byte loads)");
+
+  Prepared prep;
+  prep.D = static_cast<int>(s.D);
+  prep.out = at::empty_like(q);
+  prep.lse = return_lse ? at::empty({s.B, s.H, s.Sq}, q.options()) : at::empty({0}, q.options());
+
+  phase5::FusedParams& p = prep.params;
+  p.q = q.data_ptr<float>();
+  p.k = k.data_ptr<float>();
+  p.v = v.data_ptr<float>();
+  p.o = prep.out.data_ptr<float>();
+  p.lse = return_lse ? prep.lse.data_ptr<float>() : nullptr;
+  p.B = s.B;
+  p.H = s.H;
+  p.Sq = s.Sq;
+  p.Sk = s.Sk;
+  p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
+  p.masking = course::make_masking(mask, is_causal, stride, s, q);
+  p.key_lengths = nullptr;
+  if (key_lengths.has_value() && key_lengths->defined()) {
+    const at::Tensor& kl = *key_lengths;
+    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
+    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
+                "key_lengths must be int32 or int64, got ", kl.scalar_type());
+    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must have shape [B=", s.B,
+                "], got ", kl.sizes());
+    // Clamp to [0, Sk] in 64 bits, then int32 for the kernel (a few bytes per batch).
+    prep.key_lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
+    p.key_lengths = prep.key_lengths.data_ptr<int>();
+  }
+  return prep;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_teaching(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+    int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
+  phase5::launch_teaching(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  return {prep.out, prep.lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_fast(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+    int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
+    int64_t variant) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
+  phase5::launch_fast(prep.params, prep.D, static_cast<int>(variant),
+                      c10::cuda::getCurrentCUDAStream());
+  return {prep.out, prep.lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(phase5_fused, m) {
+  m.def(
+      "attention_teaching(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
+      "int stride, Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)");
+  m.def(
+      "attention_fast(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
+      "int stride, Tensor? key_lengths, bool return_lse, int variant) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
+  m.impl("attention_teaching", &attention_teaching);
+  m.impl("attention_fast", &attention_fast);
+}

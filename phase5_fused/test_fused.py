@@ -1,0 +1,281 @@
+"""Phase 5 FP32 fused kernels (teaching and fast) against utils.reference in float64.
+
+GPU tests skip without a GPU; the CPU-tensor and argument errors run everywhere (CI). Each kernel
+writes a freshly allocated output: the allocator is poisoned first (a NaN-filled block of the
+output's size is freed right before the call, so the caching allocator hands it back), so an
+element the kernel forgets to write stays NaN and fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import phase5_fused
+from utils import reference
+from utils.build import REPO_ROOT
+from utils.testing import (assert_close, random_additive_mask, random_bool_mask, random_qkv, randn,
+                           requires_gpu)
+
+KERNELS = ("fast", "teaching")
+
+
+def _poison_allocator(*shape):
+    """Free a NaN block of this shape so the next allocation of that size reuses it."""
+    torch.full(shape, float("nan"), device="cuda")
+
+
+def run(kernel, q, k, v, **kw):
+    _poison_allocator(*q.shape)
+    if kw.get("return_lse"):
+        _poison_allocator(*q.shape[:3])
+    return phase5_fused.attention(q, k, v, kernel=kernel, **kw)
+
+
+def check(kernel, q, k, v, rel_tol=None, **kw):
+    """Run one kernel, compare out (and lse) with the float64 reference; returns out."""
+    out, lse = run(kernel, q, k, v, return_lse=True, **kw)
+    ref, ref_lse = reference.attention(q, k, v, return_lse=True,
+                                       **{n: x for n, x in kw.items() if n != "variant"})
+    opts = {n: tuple(x.shape) if torch.is_tensor(x) else x for n, x in kw.items()}
+    what = f"{kernel} q{tuple(q.shape)} k{tuple(k.shape)} {opts}"
+    assert_close(out, ref, dtype=torch.float32, rel_tol=rel_tol, what=what)
+    assert_close(lse, ref_lse, dtype=torch.float32, rel_tol=rel_tol, what=what + " lse")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors that need no GPU (run in CI too)
+
+
+def test_cpu_tensor_is_rejected_naming_the_argument():
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        phase5_fused.attention(q, q, q)
+
+
+def test_unknown_kernel_is_rejected():
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="kernel"):
+        phase5_fused.attention(q, q, q, kernel="fastest")
+
+
+def test_import_builds_nothing():
+    code = "import phase5_fused, torch; assert phase5_fused._ops is None; print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Correctness on the grid
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("S", [1, 17, 127, 128, 1000, 4096])
+def test_sequence_lengths(kernel, S):
+    B, H = (1, 2) if S == 4096 else (2, 3)
+    check(kernel, *random_qkv(B, H, S, S, 64))
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("D", phase5_fused.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(kernel, D, causal):
+    check(kernel, *random_qkv(2, 2, 200, 333, D), is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_variants(D, variant, causal):
+    check("fast", *random_qkv(1, 3, 300, 257, D), is_causal=causal, variant=variant)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("Sq,Sk", [(17, 1000), (1000, 17), (1, 300), (300, 1), (128, 4096), (700, 130)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_attention(kernel, Sq, Sk, causal):
+    check(kernel, *random_qkv(2, 2, Sq, Sk, 64), is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("mask_shape", ["full", "per_head_bcast", "2d", "key_only"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masks(kernel, kind, mask_shape, causal):
+    B, H, Sq, Sk = 2, 3, 150, 190
+    shape = {"full": (B, H, Sq, Sk), "per_head_bcast": (B, 1, Sq, Sk), "2d": (Sq, Sk),
+             "key_only": (1, 1, 1, Sk)}[mask_shape]
+    mask = random_bool_mask(shape) if kind == "bool" else random_additive_mask(shape)
+    check(kernel, *random_qkv(B, H, Sq, Sk, 64), mask=mask, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_expanded_noncontiguous_mask(kernel):
+    B, H, Sq, Sk = 2, 2, 70, 90
+    mask = random_bool_mask((Sk, Sq)).t().expand(B, H, Sq, Sk)  # strides (0, 0, 1, Sq)
+    check(kernel, *random_qkv(B, H, Sq, Sk, 32), mask=mask)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_lengths(kernel, dtype, causal):
+    B, H, S = 4, 2, 300
+    lengths = torch.tensor([300, 1, 157, 64], dtype=dtype, device="cuda")
+    check(kernel, *random_qkv(B, H, S, S, 64), key_lengths=lengths, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_key_lengths_zero_and_beyond_sk(kernel):
+    lengths = torch.tensor([0, 10_000], dtype=torch.int64, device="cuda")
+    q, k, v = random_qkv(2, 2, 65, 130, 64)
+    out = check(kernel, q, k, v, key_lengths=lengths)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("stride", [2, 3, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 80, 128])
+def test_stride(kernel, stride, causal, D):
+    check(kernel, *random_qkv(2, 2, 333, 517, D), stride=stride, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_stride_with_mask_and_padding(kernel):
+    B, H, Sq, Sk = 2, 2, 200, 300
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    lengths = torch.tensor([250, 77], dtype=torch.int32, device="cuda")
+    check(kernel, *random_qkv(B, H, Sq, Sk, 96), mask=mask, stride=3, key_lengths=lengths,
+          is_causal=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fully_masked_rows_give_zeros(kernel):
+    B, H, Sq, Sk = 2, 2, 130, 150
+    mask = random_bool_mask((B, H, Sq, Sk))
+    mask[:, :, ::7] = False  # every 7th query row sees nothing
+    q, k, v = random_qkv(B, H, Sq, Sk, 64)
+    out, lse = run(kernel, q, k, v, mask=mask, return_lse=True)
+    assert torch.equal(out[:, :, ::7], torch.zeros_like(out[:, :, ::7]))
+    assert torch.isneginf(lse[:, :, ::7]).all()
+    check(kernel, q, k, v, mask=mask)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_scale(kernel):
+    check(kernel, *random_qkv(1, 2, 100, 120, 64), scale=0.37)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_magnitude_inputs_never_nan(kernel, causal):
+    q, k, v = random_qkv(1, 2, 256, 256, 64, scale=30.0)  # scores of order 1e3..1e4
+    out = run(kernel, q, k, v, is_causal=causal)
+    assert torch.isfinite(out).all()
+    ref = reference.attention(q, k, v, is_causal=causal)
+    # exp of differences of numbers ~1e4 rounded to FP32: a looser bound than 2e-5.
+    assert_close(out, ref, dtype=torch.float32, rel_tol=1e-3, what=f"{kernel} large inputs")
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_noncontiguous_inputs(kernel):
+    q, k, v = (randn(2, 130, 3, 64).transpose(1, 2) for _ in range(3))  # [B, S, H, D] storage
+    assert not q.is_contiguous()
+    check(kernel, q, k, v, is_causal=True)
+
+
+@requires_gpu
+def test_long_sequence_runs_without_s_by_s_buffer():
+    """B=1, H=8, S=32768: the output is 64 MiB; an S x S buffer would be 32 GiB."""
+    B, H, S, D = 1, 8, 32768, 64
+    q, k, v = random_qkv(B, H, S, S, D)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = phase5_fused.attention(q, k, v, is_causal=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= out.numel() * 4 + 2**20
+    rows = torch.tensor([0, 1, 4095, 20000, S - 1], device="cuda")
+    ref = reference.attention(q[:, :, rows], k, v, mask=(torch.arange(S, device="cuda") <= rows[:, None]))
+    assert_close(out[:, :, rows], ref, dtype=torch.float32, what="S=32768 sampled rows")
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs: errors name the argument
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bad_inputs(kernel):
+    q, k, v = random_qkv(1, 2, 16, 24, 64)
+    attn = phase5_fused.attention
+    with pytest.raises(TypeError, match="q"):
+        attn(q.double(), k, v, kernel=kernel)
+    with pytest.raises(TypeError, match="q"):
+        attn(q.half(), k.half(), v.half(), kernel=kernel)
+    with pytest.raises(ValueError, match="k"):
+        attn(q, k[:, :1], v, kernel=kernel)
+    with pytest.raises(ValueError, match="v"):
+        attn(q, k, v[:, :, :5], kernel=kernel)
+    with pytest.raises(ValueError, match="q"):
+        attn(q[:, :, :, :2], k[:, :, :, :2], v[:, :, :, :2], kernel=kernel)
+    with pytest.raises(ValueError, match="D=48"):
+        q48, k48, v48 = random_qkv(1, 1, 8, 8, 48)
+        attn(q48, k48, v48, kernel=kernel)
+    with pytest.raises(ValueError, match="mask"):
+        attn(q, k, v, mask=torch.ones(16, 23, dtype=torch.bool, device="cuda"), kernel=kernel)
+    with pytest.raises(TypeError, match="mask"):
+        attn(q, k, v, mask=torch.ones(16, 24, dtype=torch.int32, device="cuda"), kernel=kernel)
+    with pytest.raises(ValueError, match="stride"):
+        attn(q, k, v, stride=0, kernel=kernel)
+    with pytest.raises(ValueError, match="key_lengths"):
+        attn(q, k, v, key_lengths=torch.ones(3, dtype=torch.int32, device="cuda"), kernel=kernel)
+    with pytest.raises(TypeError, match="key_lengths"):
+        attn(q, k, v, key_lengths=torch.ones(1, device="cuda"), kernel=kernel)
+    with pytest.raises(ValueError, match="k"):
+        attn(q, k.cpu(), v, kernel=kernel)
+
+
+@requires_gpu
+def test_bad_variant():
+    q, k, v = random_qkv(1, 1, 8, 8, 80)
+    with pytest.raises(ValueError, match="variant"):
+        phase5_fused.attention(q, k, v, variant=1)
+
+
+@requires_gpu
+def test_op_checks_arguments_too():
+    """The C++ op validates on its own (a caller may skip the Python API)."""
+    ops = phase5_fused.load()
+    q, k, v = random_qkv(1, 1, 8, 8, 48)
+    with pytest.raises(RuntimeError, match="D=48"):
+        ops.attention_fast(q, k, v, None, False, None, 1, None, False, 0)
+    q, k, v = random_qkv(1, 1, 8, 8, 64)
+    with pytest.raises(RuntimeError, match="stride"):
+        ops.attention_teaching(q, k, v, None, False, None, 0, None, False)
+
+
+@requires_gpu
+def test_compiles_under_torch_compile():
+    q, k, v = random_qkv(1, 2, 64, 64, 64)
+    fn = torch.compile(lambda a, b, c: phase5_fused.attention(a, b, c, is_causal=True), fullgraph=True)
+    assert_close(fn(q, k, v), reference.attention(q, k, v, is_causal=True), dtype=torch.float32)
