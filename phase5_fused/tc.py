@@ -1,0 +1,88 @@
+"""Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (tc_attention.cu).
+
+    from phase5_fused import tc
+    out = tc.attention(q, k, v, is_causal=True)           # q, k, v: CUDA float16 or bfloat16
+
+Supports D in {32, 64, 96, 128}, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
+SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
+broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
+Accumulation and the softmax statistics are FP32; the output has the inputs' dtype.
+
+Importing this module builds nothing; load() builds the extension on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from utils.checks import check_attention_inputs, check_cuda_tensor
+
+NAME = "phase5_fused_tc"
+SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
+SUPPORTED_D = (32, 64, 96, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+
+_ops = None
+
+
+def load():
+    """Build (once) and load the extension; returns torch.ops.phase5_fused_tc."""
+    global _ops
+    if _ops is None:
+        from utils.build import load_phase
+
+        load_phase(Path(__file__).parent, NAME, SOURCES)
+        _register_fakes()
+        _ops = getattr(torch.ops, NAME)
+    return _ops
+
+
+def _register_fakes() -> None:
+    """Meta implementations, so torch.compile can trace the ops without running them."""
+
+    @torch.library.register_fake(f"{NAME}::attention")
+    def _attention_fake(q, k, v, mask, is_causal, scale, key_lengths):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake(f"{NAME}::attention_out")
+    def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out):
+        return None
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x itself if its data starts on a 16-byte boundary (the kernel's vector loads need it), else a copy."""
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None,
+              key_lengths=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(scale * q k^T + mask) v on tensor cores.
+
+    q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
+    {32, 64, 96, 128}; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
+    or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
+    j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
+    are padding. out: optional contiguous output tensor shaped like q (written in place).
+    """
+    q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
+        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: d in SUPPORTED_D, key_lengths=key_lengths)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    tracing = torch.compiler.is_compiling()  # traced tensors have no data pointer
+    if not tracing:
+        q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    ops = load()
+    if out is None:
+        return ops.attention(q, k, v, mask, is_causal, float(scale), key_lengths)
+    check_cuda_tensor(out, "out", (q.dtype,), dim=4)
+    if out.shape != q.shape or not out.is_contiguous() or (not tracing and out.data_ptr() % 16 != 0):
+        raise ValueError(f"out must be a contiguous, 16-byte aligned tensor of q's shape {tuple(q.shape)}")
+    ops.attention_out(q, k, v, mask, is_causal, float(scale), key_lengths, out)
+    return out

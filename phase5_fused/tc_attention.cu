@@ -1,0 +1,468 @@
+// Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (sm_80+).
+//
+// Versions (one kernel, templated on dtype, head dim and the mask path):
+//   tc_attention_kernel<T, D, false>  fast path: no user mask. Causal blocks above the diagonal are
+//                                     skipped, and only diagonal / tail / key-padding blocks pay
+//                                     for per-element masking.
+//   tc_attention_kernel<T, D, true>   slower correct path for a boolean or additive user mask:
+//                                     every score looks up course::mask_bias (broadcast strides).
+// What makes it fast, against the FP32 fused kernel of this phase (see README_tensor_cores.md):
+//   - both matmuls on tensor cores: mma.sync.m16n8k16, FP16/BF16 operands, FP32 accumulators;
+//   - fragments loaded by ldmatrix.x4 (.trans for V) from XOR-swizzled tiles: no bank conflicts;
+//   - K/V tiles streamed by cp.async through a kStages-deep ring, so the loads of block j+1 fly
+//     while block j is computed, with one __syncthreads per block;
+//   - softmax statistics m, l and the output accumulator stay in FP32 registers; only P is rounded
+//     to FP16/BF16, to feed the second matmul.
+//
+// Paper notation (Dao, "FlashAttention-2", Algorithm 1): a block of Br query rows Q_i is loaded
+// once; for each block of Bc keys K_j, V_j: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
+// P = exp(S - m_new), l = e^(m - m_new) l + rowsum(P), O = e^(m - m_new) O + P V_j; finally O / l.
+// Each of the 4 warps owns Br/4 query rows, so the row statistics never leave a warp.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "common.cuh"
+#include "tc_attention.h"
+#include "tc_mma.cuh"
+
+namespace phase5_tc {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * course::kWarpSize;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tile sizes per head dim: Br query rows per block (Br / 4 per warp), Bc keys per K/V block,
+// kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) D * 2 bytes; two
+// blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's 32 rows in at most
+// 255 registers per thread without spilling (checked with -Xptxas -v for sm_90; Bc = 128 at D = 64,
+// FlashAttention-2's choice, spilled ~90 bytes here, so D = 64 takes Bc = 64 and a third stage).
+//   D    Br   Bc   stages  smem    FP32 registers per thread for S + O
+//   32   128  128  3       56 KB   128 + 32
+//   64   128  64   3       64 KB   64 + 64
+//   96   128  64   2       72 KB   64 + 96
+//   128  128  64   2       96 KB   64 + 128   (FlashAttention-2's 128 x 64 for D = 128)
+template <int D>
+struct Tile;
+template <>
+struct Tile<32> {
+  static constexpr int kBr = 128, kBc = 128, kStages = 3;
+};
+template <>
+struct Tile<64> {
+  static constexpr int kBr = 128, kBc = 64, kStages = 3;
+};
+template <>
+struct Tile<96> {
+  static constexpr int kBr = 128, kBc = 64, kStages = 2;
+};
+template <>
+struct Tile<128> {
+  static constexpr int kBr = 128, kBc = 64, kStages = 2;
+};
+
+template <int D, typename T>
+constexpr size_t smem_bytes() {
+  return static_cast<size_t>(Tile<D>::kBr + 2 * Tile<D>::kStages * Tile<D>::kBc) * D * sizeof(T);
+}
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
+  int H, Sq, Sk;
+  float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
+  course::AttentionMasking masking;
+};
+
+// Copy rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with
+// cp.async; rows at or beyond row_limit are zero-filled and never read from global memory.
+// When kChunks divides the block, thread t copies chunk t % kChunks of rows t / kChunks + n kRowStep:
+// kRowStep is a multiple of 8, so the swizzle is the same for all its rows and every address is
+// one base plus constants (no registers held across the main loop). D = 96 (12 chunks a row)
+// takes the general loop.
+template <typename T, int D, int kRows>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int row_limit) {
+  constexpr int kChunks = D / 8;
+  static_assert((kRows * kChunks) % kThreads == 0, "every thread copies the same number of chunks");
+  const int t = static_cast<int>(threadIdx.x);
+  if constexpr (kThreads % kChunks == 0) {
+    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0, "a fixed swizzle per thread");
+    const int r0 = t / kChunks;
+    const int c = t % kChunks;
+    const uint32_t dst = tc::smem_u32(tile + r0 * D + tc::swizzle<kChunks>(r0, c) * 8);
+    const T* from = src + (static_cast<int64_t>(row0) + r0) * D + c * 8;
+    if (row0 + kRows <= row_limit) {  // a whole tile: no per-row checks
+#pragma unroll
+      for (int n = 0; n < kRows / kRowStep; ++n)
+        tc::cp_async_16(dst + n * kRowStep * D * sizeof(T), from + n * kRowStep * D, true);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kRows / kRowStep; ++n) {
+        const bool valid = row0 + r0 + n * kRowStep < row_limit;
+        tc::cp_async_16(dst + n * kRowStep * D * sizeof(T), valid ? from + n * kRowStep * D : src, valid);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < kRows * kChunks / kThreads; ++n) {
+      const int idx = n * kThreads + t;
+      const int r = idx / kChunks;
+      const int c = idx % kChunks;
+      const bool valid = row0 + r < row_limit;
+      const T* from = valid ? src + (static_cast<int64_t>(row0) + r) * D + c * 8 : src;
+      tc::cp_async_16(tc::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8), from, valid);
+    }
+  }
+}
+
+// Every ldmatrix.x4 of the kernel uses one lane pattern: lane l gives the address of row
+// R + l % 16, chunk C + l / 16 of a swizzled [rows][D] tile, so the four 8x8 matrices are
+// (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple of 16) and C (even) are constants
+// once the loops are unrolled. With lane_base = the tile's address of the lane's own (l % 16, l / 16)
+// element and G = the swizzle group (8 or 4 chunks), the swizzled address is
+//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * D * 2
+// because tiles and rows are multiples of G * 16 bytes: one XOR with a constant per ldmatrix, and
+// one register per tile instead of one per unrolled ldmatrix.
+template <int D>
+__device__ __forceinline__ uint32_t lane_tile_offset(int lane) {
+  const int row = lane & 15;
+  const int chunk = lane >> 4;
+  return static_cast<uint32_t>((row * D + tc::swizzle<D / 8>(row, chunk) * 8) * 2);
+}
+
+template <int D>
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
+  constexpr int kGroup = (D / 8) % 8 == 0 ? 8 : 4;
+  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
+         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * D * 2);
+}
+
+template <typename T, int D, bool kHasMask>
+__global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // mma.sync m16n8k16 and cp.async need sm_80; the host refuses older GPUs first
+#else
+  constexpr int kBr = Tile<D>::kBr;
+  constexpr int kBc = Tile<D>::kBc;
+  constexpr int kStages = Tile<D>::kStages;
+  constexpr int kChunks = D / 8;            // 16-byte chunks per tile row
+  constexpr int kWarpRows = kBr / kWarps;   // query rows owned by one warp
+  constexpr int kM = kWarpRows / 16;        // m16 tiles of a warp's rows
+  constexpr int kN = kBc / 8;               // n8 tiles of S (keys)
+  constexpr int kDn = D / 8;                // n8 tiles of O (head dim)
+  static_assert(kBr % (16 * kWarps) == 0, "each warp owns whole m16 tiles of query rows");
+  static_assert(kBc % 16 == 0 && D % 16 == 0, "both matmuls step over k in 16s (m16n8k16)");
+  static_assert(D % 32 == 0, "the swizzle needs rows of a multiple of 64 bytes");
+  static_assert(kStages >= 2, "the K/V ring needs a block being computed and one in flight");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);   // [Br][D], reused for the output tile at the end
+  T* sK = sQ + kBr * D;                 // [kStages][Bc][D]
+  T* sV = sK + kStages * kBc * D;       // [kStages][Bc][D]
+
+  const int warp = static_cast<int>(threadIdx.x) / course::kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % course::kWarpSize;
+  const int q_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // long causal rows start first
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int q0 = q_block * kBr;
+  const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+  const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
+  const T* K = static_cast<const T*>(p.k) + bh * p.Sk * D;
+  const T* V = static_cast<const T*>(p.v) + bh * p.Sk * D;
+  T* O = static_cast<T*>(p.o) + bh * p.Sq * D;
+  const bool causal = p.masking.causal;
+
+  // Keys this block visits: the batch's valid keys, and with causal only up to the last row's
+  // diagonal (blocks above it are skipped, never loaded).
+  const int kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
+  const int kv_end = causal ? min(kv_len, q0 + kBr) : kv_len;
+  const int n_blocks = course::ceil_div(kv_end, kBc);
+
+  // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block).
+  load_tile<T, D, kBr>(sQ, Q, q0, p.Sq);
+  tc::cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_blocks) {
+      load_tile<T, D, kBc>(sK + s * kBc * D, K, s * kBc, kv_len);
+      load_tile<T, D, kBc>(sV + s * kBc * D, V, s * kBc, kv_len);
+    }
+    tc::cp_async_commit();
+  }
+
+  // Per thread: O fragments of the warp's rows, and m, l for its two rows of each m16 tile
+  // (rows lane/4 and lane/4 + 8). l is this lane's partial sum, reduced over 4 lanes at the end.
+  float o[kM][kDn][4];
+  float m[kM][2];
+  float l[kM][2];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int dn = 0; dn < kDn; ++dn) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dn][e] = 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[mt][r] = -CUDART_INF_F;
+      l[mt][r] = 0.0f;
+    }
+  }
+  const int warp_row0 = warp * kWarpRows;  // first row of this warp inside the tile
+  const int warp_q0 = q0 + warp_row0;      // ... and in the sequence
+  // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
+  const uint32_t lane_offset = lane_tile_offset<D>(lane);
+  const uint32_t q_lane = tc::smem_u32(sQ + warp_row0 * D) + lane_offset;
+
+  for (int j = 0; j < n_blocks; ++j) {
+    // Wait for K_j, V_j (and Q at j = 0); the barrier makes every thread's copies visible and
+    // tells us that all warps are done with block j - 1, whose stage is refilled next.
+    tc::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int jn = j + kStages - 1;
+      if (jn < n_blocks) {
+        const int stage = jn % kStages;
+        load_tile<T, D, kBc>(sK + stage * kBc * D, K, jn * kBc, kv_len);
+        load_tile<T, D, kBc>(sV + stage * kBc * D, V, jn * kBc, kv_len);
+      }
+      tc::cp_async_commit();  // an empty group past the end keeps the wait count uniform
+    }
+    const int kv0 = j * kBc;
+    const uint32_t k_lane = tc::smem_u32(sK + (j % kStages) * kBc * D) + lane_offset;
+    const uint32_t v_lane = tc::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
+
+    // Causal: when every key of the block lies above this warp's last row, its scores are all
+    // hidden and the warp has nothing to do for this block.
+    if (causal && kv0 > warp_q0 + kWarpRows - 1) continue;
+
+    // S = Q_i K_j^T on tensor cores, k = head dim in steps of 16. A (Q rows 0-15, chunks 2kk and
+    // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: the 8x8 matrices of K rows
+    // (keys 0-7 | 8-15) x (chunk 2kk | 2kk+1) are b0 of n8 tiles 2np, 2np+1, then their b1.
+    float s[kM][kN][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<D>(q_lane, mt * 16, 2 * kk));
+#pragma unroll
+      for (int np = 0; np < kN / 2; ++np) {
+        uint32_t bk[4];
+        tc::ldmatrix_x4(bk, ldsm_addr<D>(k_lane, np * 16, 2 * kk));
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          tc::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
+          tc::mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[1], bk[3]);
+        }
+      }
+    }
+
+    // Scale into log2 units; mask per element only where the block needs it: keys past the
+    // valid length, the causal diagonal, or the user's mask (added as a bias, -inf = hidden).
+    const bool need_mask =
+        kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0);
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][nt][e] * p.scale_log2;
+          if (need_mask) {
+            const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
+            const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            if (jj >= kv_len || (causal && jj > i)) {
+              x = -CUDART_INF_F;
+            } else if (kHasMask && i < p.Sq) {
+              x += course::mask_bias(p.masking, b, h, i, jj) * kLog2e;
+            }
+          }
+          s[mt][nt][e] = x;
+        }
+      }
+    }
+
+    // Online softmax in FP32: m_new = max(m, rowmax(S)), P = 2^(S - m_new),
+    // l = 2^(m - m_new) l + rowsum(P), O = 2^(m - m_new) O. A row with no visible key so far keeps
+    // m = -inf; it subtracts 0 instead, so P = 0 and the rescale factor is 0, never NaN.
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float row_max = -CUDART_INF_F;
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+          row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        // The four lanes lane/4 == g share row g: reduce across them.
+        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 2));
+        const float m_new = fmaxf(m[mt][r], row_max);
+        const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
+        const float alpha = tc::exp2_approx(m[mt][r] - m_use);
+        m[mt][r] = m_new;
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mt][nt][e] = tc::exp2_approx(s[mt][nt][e] - m_use);
+            row_sum += s[mt][nt][e];
+          }
+        }
+        l[mt][r] = l[mt][r] * alpha + row_sum;
+#pragma unroll
+        for (int dn = 0; dn < kDn; ++dn) {
+          o[mt][dn][2 * r] *= alpha;
+          o[mt][dn][2 * r + 1] *= alpha;
+        }
+      }
+    }
+
+    // O += P V_j on tensor cores, k = keys in steps of 16. P is rounded to T in registers: the C
+    // fragments of S tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15. B = V
+    // by ldmatrix.trans: matrices (keys 0-7 | 8-15) x (chunk 2dp | 2dp+1), transposed, are b0, b1
+    // of n8 tile 2dp, then b0, b1 of tile 2dp+1.
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t pa[kM][4];
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        pa[mt][0] = tc::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = tc::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = tc::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = tc::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bv[4];
+        tc::ldmatrix_x4_trans(bv, ldsm_addr<D>(v_lane, kk * 16, 2 * dp));
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          tc::mma_16816<T>(o[mt][2 * dp], pa[mt], bv[0], bv[1]);
+          tc::mma_16816<T>(o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / l (rows with no visible key have l = 0 and give zeros), rounded to T, staged in
+  // this warp's own rows of sQ (only this warp ever read them) and stored as coalesced 16-byte rows.
+  tc::cp_async_wait<0>();
+  __syncthreads();  // with n_blocks = 0, other threads' Q copies may still be landing in sQ
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float total = l[mt][r];
+      total += __shfl_xor_sync(course::kFullMask, total, 1);
+      total += __shfl_xor_sync(course::kFullMask, total, 2);
+      const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
+      const int row = warp_row0 + mt * 16 + (lane >> 2) + r * 8;
+#pragma unroll
+      for (int dn = 0; dn < kDn; ++dn) {
+        T* dst = sQ + row * D + tc::swizzle<kChunks>(row, dn) * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < kWarpRows * kChunks / course::kWarpSize; ++n) {
+    const int idx = n * course::kWarpSize + lane;
+    const int row = warp_row0 + idx / kChunks;
+    const int c = idx % kChunks;
+    if (q0 + row < p.Sq) {
+      const uint4 val = *reinterpret_cast<const uint4*>(sQ + row * D + tc::swizzle<kChunks>(row, c) * 8);
+      *reinterpret_cast<uint4*>(O + static_cast<int64_t>(q0 + row) * D + c * 8) = val;
+    }
+  }
+#endif
+}
+
+template <typename T, int D, bool kHasMask>
+void launch(const Params& p, int B, cudaStream_t stream) {
+  constexpr size_t smem = smem_bytes<D, T>();
+  auto* kernel = tc_attention_kernel<T, D, kHasMask>;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TORCH_CHECK(major >= 8, "the tensor-core attention kernel needs compute capability 8.0 or newer "
+              "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid(course::ceil_div(p.Sq, Tile<D>::kBr), p.H, B);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int D>
+void launch_for_mask(const Params& p, int B, cudaStream_t stream) {
+  if (p.masking.mask.kind == course::MaskKind::kNone) {
+    launch<T, D, false>(p, B, stream);
+  } else {
+    launch<T, D, true>(p, B, stream);
+  }
+}
+
+template <int D>
+void launch_for_dtype(const Params& p, int B, at::ScalarType dtype, cudaStream_t stream) {
+  if (dtype == at::kBFloat16) {
+    launch_for_mask<__nv_bfloat16, D>(p, B, stream);
+  } else {
+    launch_for_mask<__half, D>(p, B, stream);
+  }
+}
+
+}  // namespace
+
+void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                         const int* key_lengths, const course::AttentionMasking& masking, float scale,
+                         cudaStream_t stream) {
+  Params p;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.key_lengths = key_lengths;
+  p.H = static_cast<int>(q.size(1));
+  p.Sq = static_cast<int>(q.size(2));
+  p.Sk = static_cast<int>(k.size(2));
+  p.scale_log2 = scale * kLog2e;
+  p.masking = masking;
+  const int B = static_cast<int>(q.size(0));
+  switch (q.size(3)) {
+    case 32: launch_for_dtype<32>(p, B, q.scalar_type(), stream); break;
+    case 64: launch_for_dtype<64>(p, B, q.scalar_type(), stream); break;
+    case 96: launch_for_dtype<96>(p, B, q.scalar_type(), stream); break;
+    case 128: launch_for_dtype<128>(p, B, q.scalar_type(), stream); break;
+    default: TORCH_CHECK(false, "head dim D=", q.size(3), " (q.size(3)) is not supported: use 32, 64, 96 or 128");
+  }
+}
+
+}  // namespace phase5_tc

@@ -1,0 +1,21 @@
+// Host interface of the tensor-core fused attention kernel (tc_attention.cu), called by tc_ops.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+
+#include "attention_mask.cuh"
+
+namespace phase5_tc {
+
+// Head dims with a compiled tile configuration.
+inline bool supported_head_dim(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128; }
+
+// out = softmax(scale * q k^T + bias) v for q [B,H,Sq,D], k/v [B,H,Sk,D], out [B,H,Sq,D], all
+// contiguous, 16-byte aligned, float16 or bfloat16 (checked by the caller). key_lengths: nullptr or
+// [B] int32 already clamped to [0, Sk]. Launches on `stream` and checks the launch.
+void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                         const int* key_lengths, const course::AttentionMasking& masking, float scale,
+                         cudaStream_t stream);
+
+}  // namespace phase5_tc

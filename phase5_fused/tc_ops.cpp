@@ -1,0 +1,81 @@
+// Torch ops of the tensor-core fused attention (namespace phase5_fused_tc): validation that names
+// the argument, then the launch of tc_attention.cu on the current CUDA stream.
+//   attention(q, k, v, mask, is_causal, scale, key_lengths) -> out
+//   attention_out(q, k, v, mask, is_causal, scale, key_lengths, out)   writes into `out`
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "attention_args.h"
+#include "tc_attention.h"
+
+namespace {
+
+void check_aligned(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0, name,
+              " must start at a 16-byte aligned address (its 16-byte cp.async loads and stores "
+              "need it): pass a fresh tensor or x.clone()");
+}
+
+void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
+                   const c10::optional<at::Tensor>& key_lengths, at::Tensor out) {
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "q must be float16 or bfloat16 for the tensor-core kernel, got ", q.scalar_type());
+  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
+  TORCH_CHECK(phase5_tc::supported_head_dim(s.D), "head dim D=", s.D,
+              " (q.size(3)) is not supported: use 32, 64, 96 or 128");
+  TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max(),
+              "q and k sequence lengths must fit in int32");
+  TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
+              q.sizes());
+  TORCH_CHECK(out.is_cuda() && out.device() == q.device(), "out must be on q's device");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "out must be ", q.scalar_type(), ", got ", out.scalar_type());
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
+  check_aligned(q, "q");
+  check_aligned(k, "k");
+  check_aligned(v, "v");
+  check_aligned(out, "out");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const course::AttentionMasking masking = course::make_masking(mask, is_causal, 1, s, q);
+  at::Tensor lengths;
+  if (key_lengths.has_value() && key_lengths->defined()) {
+    const at::Tensor& kl = *key_lengths;
+    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
+    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
+                "key_lengths must be int32 or int64, got ", kl.scalar_type());
+    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must be [B] = [", s.B, "], got ", kl.sizes());
+    // Lengths past Sk mean "all keys", negative ones "no key": clamp, then int32 for the kernel.
+    lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
+  }
+  phase5_tc::launch_tc_attention(q, k, v, out, lengths.defined() ? lengths.data_ptr<int>() : nullptr, masking,
+                                 static_cast<float>(scale), c10::cuda::getCurrentCUDAStream());
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
+                     const c10::optional<at::Tensor>& key_lengths) {
+  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  attention_out(q, k, v, mask, is_causal, scale, key_lengths, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(phase5_fused_tc, m) {
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
+        "Tensor? key_lengths) -> Tensor");
+  m.def("attention_out(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
+        "Tensor? key_lengths, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(phase5_fused_tc, CUDA, m) {
+  m.impl("attention", &attention);
+  m.impl("attention_out", &attention_out);
+}

@@ -1,0 +1,276 @@
+"""Tests of the tensor-core fused attention (phase5_fused.tc): FP16 and BF16 against the float64
+reference, within the dtype's tolerance (5e-3 FP16, 1e-2 BF16, relative norm) and no worse than
+twice torch SDPA's error in the same dtype on the same inputs. Outputs are poisoned (NaN) first.
+GPU tests skip without a GPU; the CPU-tensor error is checked everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from phase5_fused import tc
+from utils import reference
+from utils.testing import (assert_close, new_seed, poisoned_like, random_additive_mask, random_bool_mask,
+                           randn, rel_error, requires_gpu)
+
+DTYPES = (torch.float16, torch.bfloat16)
+TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
+# SDPA's error can be ~0 (S = 1: the output is v itself); below this the 2x rule is not applied.
+SDPA_FLOOR = 1e-5
+
+
+def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0):
+    seed = new_seed()
+    q = randn(B, H, Sq, D, dtype=dtype, scale=scale, seed=seed)
+    k = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
+    v = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 2)
+    return q, k, v, f"(seed {seed}, B={B} H={H} Sq={Sq} Sk={Sk} D={D} {dtype})"
+
+
+def run_tc(q, k, v, **kwargs):
+    out = poisoned_like(q)
+    tc.attention(q, k, v, out=out, **kwargs)
+    return out
+
+
+def sdpa_error(q, k, v, ref, mask=None, is_causal=False, scale=None, key_lengths=None) -> float:
+    """torch SDPA's relative error in q's dtype against the same float64 reference. Masks and
+    padding become one additive bias in q's dtype; fully masked rows (NaN in some backends) count
+    as the zeros the reference defines."""
+    if mask is None and key_lengths is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    else:
+        B, H, Sq, _ = q.shape
+        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    return rel_error(out.nan_to_num(0.0), ref)
+
+
+def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=None) -> float:
+    """Run the kernel on poisoned output, compare with the reference and with SDPA's error."""
+    out = run_tc(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths)
+    ref = reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths)
+    err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
+    peer = sdpa_error(q, k, v, ref, mask, is_causal, scale, key_lengths)
+    assert err <= 2 * peer + SDPA_FLOOR, f"rel error {err:.3e} is over twice SDPA's {peer:.3e} {info}"
+    return err
+
+
+# ------------------------------------------------------------------------------------------------
+# Correctness
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S", [1, 17, 128, 1000, 4096])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_square_grid(S, D, dtype, causal):
+    B, H = (1, 2) if S >= 4096 else (2, 3)
+    q, k, v, info = make_qkv(B, H, S, S, D, dtype)
+    check(q, k, v, info, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [32, 64, 96, 128])
+@pytest.mark.parametrize("Sq,Sk", [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cross_lengths(Sq, Sk, D, causal):
+    q, k, v, info = make_qkv(2, 2, Sq, Sk, D, torch.float16)
+    check(q, k, v, info, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_other_head_dims_bf16(D, causal):
+    q, k, v, info = make_qkv(2, 2, 200, 321, D, torch.bfloat16)
+    check(q, k, v, info, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_key_padding(D, dtype, causal):
+    Sq, Sk = 200, 300
+    q, k, v, info = make_qkv(5, 2, Sq, Sk, D, dtype)
+    # no key, one key, a tail inside a block, exactly a block edge, longer than Sk (= all keys)
+    lengths = torch.tensor([0, 1, 131, 192, Sk + 10], device="cuda", dtype=torch.int64)
+    check(q, k, v, info, is_causal=causal, key_lengths=lengths)
+    out = run_tc(q, k, v, is_causal=causal, key_lengths=lengths.to(torch.int32))
+    assert torch.equal(out[0], torch.zeros_like(out[0])), f"batch with no keys must be zeros {info}"
+
+
+@requires_gpu
+def test_key_padding_ignores_padded_values():
+    """Padded keys and values are never used: NaN there must not reach the output."""
+    q, k, v, info = make_qkv(2, 2, 90, 150, 64, torch.float16)
+    lengths = torch.tensor([70, 150], device="cuda", dtype=torch.int32)
+    expected = run_tc(q, k, v, key_lengths=lengths)
+    k[0, :, 70:] = float("nan")
+    v[0, :, 70:] = float("nan")
+    out = run_tc(q, k, v, key_lengths=lengths)
+    assert torch.equal(out, expected), f"padding leaked into the output {info}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kind", ["bool", "bool_broadcast", "additive", "additive_broadcast"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_masks(kind, D, dtype, causal):
+    B, H, Sq, Sk = 2, 3, 150, 333
+    q, k, v, info = make_qkv(B, H, Sq, Sk, D, dtype)
+    shape = {"bool": (B, H, Sq, Sk), "bool_broadcast": (Sq, Sk), "additive": (B, H, Sq, Sk),
+             "additive_broadcast": (B, 1, Sq, Sk)}[kind]
+    if kind.startswith("bool"):
+        mask = random_bool_mask(shape)
+        mask[..., 5, :] = False  # a fully masked row
+    else:
+        mask = random_additive_mask(shape)
+        mask[..., 7, :] = float("-inf")
+    lengths = torch.tensor([Sk, 200], device="cuda")
+    check(q, k, v, info, mask=mask, is_causal=causal, key_lengths=lengths)
+    out = run_tc(q, k, v, mask=mask, is_causal=causal, key_lengths=lengths)
+    row = 5 if kind.startswith("bool") else 7
+    assert torch.equal(out[..., row, :], torch.zeros_like(out[..., row, :])), f"masked row not zeros {info}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [32, 96])
+def test_mask_other_head_dims(D):
+    q, k, v, info = make_qkv(2, 2, 70, 90, D, torch.float16)
+    check(q, k, v, info, mask=random_bool_mask((2, 2, 70, 90)), is_causal=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype,magnitude", [(torch.float16, 100.0), (torch.bfloat16, 1000.0)],
+                         ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_large_magnitude(dtype, magnitude, D):
+    q, k, v, info = make_qkv(2, 2, 300, 300, D, dtype, scale=magnitude)
+    out = run_tc(q, k, v, is_causal=True)
+    assert torch.isfinite(out).all(), f"inf/NaN for inputs of magnitude {magnitude} {info}"
+    ref = reference.attention(q, k, v, is_causal=True)
+    assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype], seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
+def test_explicit_scale(scale):
+    q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
+    check(q, k, v, info, scale=scale)
+
+
+@requires_gpu
+def test_many_heads_and_batches():
+    q, k, v, info = make_qkv(48, 40, 17, 33, 64, torch.bfloat16)
+    check(q, k, v, info, is_causal=True)
+
+
+@requires_gpu
+def test_non_contiguous_and_misaligned_inputs():
+    B, H, S, D = 2, 3, 100, 64
+    q, k, v, info = make_qkv(B, H, S, S, D, torch.float16)
+    q_t = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, S, D] view of a [B, S, H, D] tensor
+    assert not q_t.is_contiguous()
+    flat = torch.empty(k.numel() + 1, dtype=k.dtype, device="cuda")
+    k_off = flat[1:].view_as(k).copy_(k)  # 2 bytes past a 16-byte boundary
+    assert k_off.data_ptr() % 16 != 0
+    out = tc.attention(q_t, k_off, v)
+    ref = reference.attention(q, k, v)
+    assert_close(out, ref, dtype=torch.float16, rel_tol=TOL[torch.float16], seed_info=info)
+
+
+@requires_gpu
+def test_repeated_calls_agree():
+    """No state leaks between calls (and no race): the same inputs give the same bits."""
+    q, k, v, info = make_qkv(2, 4, 1000, 1000, 128, torch.float16)
+    first = run_tc(q, k, v, is_causal=True)
+    for _ in range(3):
+        assert torch.equal(run_tc(q, k, v, is_causal=True), first), info
+
+
+@requires_gpu
+def test_fake_tensor_shapes():
+    """The registered fake implementation (for torch.compile) gives q's shape and dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = tc.load()
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
+        out = ops.attention(q, k, k, None, True, 0.125, None)
+    assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: clear errors that name the argument
+
+
+def test_cpu_tensor_rejected_without_gpu():
+    q = torch.randn(1, 1, 8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        tc.attention(q, q, q)
+
+
+def test_import_builds_nothing():
+    """Importing the module (and the phase package) must not build or load the extension."""
+    import subprocess
+    import sys
+
+    from utils.build import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-c", "import phase5_fused.tc as t; assert t._ops is None"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@requires_gpu
+def test_bad_inputs_named():
+    q, k, v, _ = make_qkv(1, 2, 16, 24, 64, torch.float16)
+    with pytest.raises(TypeError, match="q must have dtype float16, bfloat16, got float32"):
+        tc.attention(q.float(), k.float(), v.float())
+    with pytest.raises(TypeError, match="q, k, v must share a dtype"):
+        tc.attention(q, k.to(torch.bfloat16), v)
+    with pytest.raises(ValueError, match=r"D=80 \(q.shape\[-1\]\)"):
+        x = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
+        tc.attention(x, x, x)
+    with pytest.raises(ValueError, match="k must be"):
+        tc.attention(q, k[:, :1], v)
+    with pytest.raises(ValueError, match="v must have k's shape"):
+        tc.attention(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match="mask"):
+        tc.attention(q, k, v, mask=torch.ones(3, 16, 24, dtype=torch.bool, device="cuda"))
+    with pytest.raises(ValueError, match="key_lengths"):
+        tc.attention(q, k, v, key_lengths=torch.tensor([1, 2], device="cuda"))
+    with pytest.raises(TypeError, match="key_lengths"):
+        tc.attention(q, k, v, key_lengths=torch.tensor([1.0], device="cuda"))
+    with pytest.raises(TypeError, match="out"):
+        tc.attention(q, k, v, out=torch.empty_like(q, dtype=torch.float32))
+    with pytest.raises(ValueError, match="scale"):
+        tc.attention(q, k, v, scale=math.inf)
+
+
+@requires_gpu
+def test_op_checks_name_the_argument():
+    """The C++ op validates again (for callers that bypass the Python API)."""
+    ops = tc.load()
+    q, k, v, _ = make_qkv(1, 2, 16, 24, 64, torch.float16)
+    with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
+        ops.attention(q.float(), k.float(), v.float(), None, False, 0.125, None)
+    with pytest.raises(RuntimeError, match="D=80"):
+        x = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
+        ops.attention(x, x, x, None, False, 0.125, None)
+    with pytest.raises(RuntimeError, match="q must be contiguous"):
+        ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, None, False, 0.125, None)
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    with pytest.raises(RuntimeError, match="q must start at a 16-byte aligned address"):
+        ops.attention(flat[1:].view_as(q), k, v, None, False, 0.125, None)
+    with pytest.raises(RuntimeError, match="key_lengths must be \\[B\\]"):
+        ops.attention(q, k, v, None, False, 0.125, torch.tensor([1, 2], device="cuda"))
