@@ -33,6 +33,11 @@ STANDARD_CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
 # torch picks the C++ standard its headers need (C++17 or C++20 by version); we add only these.
 NVCC_FLAGS = ["-O3", "-lineinfo"]
 CXX_FLAGS = ["-O3"]
+# Link the C++ runtime dynamically, the same copy torch uses. Some toolchains link libstdc++
+# statically into shared objects; the extension then mixes its private iostream code with the
+# process's locale objects and crashes the first time an error message formats a number
+# (seen on the GPU box: a TORCH_CHECK that printed a size segfaulted).
+LD_FLAGS = ["-l:libstdc++.so.6"]
 
 # Phases (and utils) that own CUDA extensions; each package exposes `load()`.
 EXTENSION_PACKAGES = (
@@ -179,6 +184,7 @@ def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bo
             extra_include_paths=[str(CSRC), str(phase_dir), *_library_header_dirs()],
             extra_cflags=CXX_FLAGS,
             extra_cuda_cflags=NVCC_FLAGS,
+            extra_ldflags=LD_FLAGS,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
