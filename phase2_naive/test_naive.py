@@ -68,9 +68,11 @@ def test_matmul_qk(shape):
     scale = 0.37
     s = poisoned(lambda: ph.matmul_qk(q, k, scale=scale), (B, H, Sq, Sk))
     ref = scale * (q.double() @ k.double().transpose(-1, -2))
-    assert_close(s, ref, what="matmul_qk")
+    magnitude = scale * (q.double().abs() @ k.double().abs().transpose(-1, -2))
+    assert_close(s, ref, what="matmul_qk", ref_scale=magnitude)
     # Default scale 1/sqrt(D).
-    assert_close(ph.matmul_qk(q, k), ref / scale / math.sqrt(D), what="matmul_qk default scale")
+    assert_close(ph.matmul_qk(q, k), ref / scale / math.sqrt(D), what="matmul_qk default scale",
+                 ref_scale=magnitude / scale / math.sqrt(D))
 
 
 @requires_gpu
@@ -93,7 +95,7 @@ def test_matmul_av(shape):
     p = torch.softmax(randn(B, H, Sq, Sk, scale=2.0), dim=-1)
     v = randn(B, H, Sk, D)
     o = poisoned(lambda: ph.matmul_av(p, v), (B, H, Sq, D))
-    assert_close(o, p.double() @ v.double(), what="matmul_av")
+    assert_close(o, p.double() @ v.double(), what="matmul_av", ref_scale=p.double().abs() @ v.double().abs())
 
 
 # ------------------------------------------------------------------------------------------------

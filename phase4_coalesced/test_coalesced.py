@@ -146,8 +146,10 @@ def test_index_arithmetic_past_2_31():
 def test_matmul_qk(Sq, Sk, D):
     q, k, _ = random_qkv(2, 3, Sq, Sk, D)
     ref = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
-    assert_close(p4.matmul_qk(q, k), ref, dtype=torch.float32)
-    assert_close(p4.matmul_qk(q, k, scale=2.5), ref * math.sqrt(D) * 2.5, dtype=torch.float32)
+    magnitude = (q.double().abs() @ k.double().abs().transpose(-1, -2)) / math.sqrt(D)
+    assert_close(p4.matmul_qk(q, k), ref, dtype=torch.float32, ref_scale=magnitude)
+    assert_close(p4.matmul_qk(q, k, scale=2.5), ref * math.sqrt(D) * 2.5, dtype=torch.float32,
+                 ref_scale=magnitude * math.sqrt(D) * 2.5)
 
 
 @requires_gpu
@@ -179,7 +181,8 @@ def test_softmax_masks(kind, Sk):
 def test_matmul_av(Sq, Sk, D):
     p = torch.softmax(randn(2, 3, Sq, Sk), dim=-1)
     _, _, v = random_qkv(2, 3, Sq, Sk, D)
-    assert_close(p4.matmul_av(p, v), p.double() @ v.double(), dtype=torch.float32)
+    assert_close(p4.matmul_av(p, v), p.double() @ v.double(), dtype=torch.float32,
+                 ref_scale=p.double().abs() @ v.double().abs())
 
 
 @requires_gpu

@@ -56,3 +56,12 @@ def test_random_inputs_are_fresh_and_not_zero():
 
 def test_rel_error():
     assert testing.rel_error(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])) == pytest.approx(2**-0.5)
+
+
+def test_ref_scale_measures_error_against_the_product_magnitude():
+    # a dot product that cancels to almost zero: tiny absolute error, huge relative error
+    ref = torch.tensor([1e-9], dtype=torch.float64)
+    out = torch.tensor([1.1e-9])
+    with pytest.raises(AssertionError):
+        testing.assert_close(out, ref)
+    testing.assert_close(out, ref, ref_scale=torch.tensor([1.0], dtype=torch.float64))

@@ -96,10 +96,13 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype=None, rel_tol: float | None = None,
-                 what: str = "output", seed_info: str = "") -> float:
+                 what: str = "output", seed_info: str = "", ref_scale: torch.Tensor | None = None) -> float:
     """Fail loudly unless out matches the float64 reference: same shape, no NaN/inf where ref is
     finite, relative-norm error under the dtype's tolerance, every element within atol + rtol|ref|.
-    Prints the first mismatches. Returns the relative error."""
+    Prints the first mismatches. Returns the relative error.
+
+    ref_scale: the magnitude errors are measured against, where ref itself can cancel to nearly
+    zero; for a product a @ b pass |a| @ |b| (rounding error is bounded by D * eps * |a| @ |b|)."""
     dtype = dtype or out.dtype
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     out64 = out.detach().to(torch.float64).cpu()
@@ -112,14 +115,16 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype=None, rel_tol: floa
     assert torch.equal(out64[~finite_ref], ref64[~finite_ref]), (
         f"{what}: where the reference is infinite the output differs {seed_info}")
     o, r = out64[finite_ref], ref64[finite_ref]
-    err = rel_error(o, r)
+    magnitude = r if ref_scale is None else ref_scale.detach().to(torch.float64).cpu()[finite_ref]
+    err = rel_error(o, r) if ref_scale is None else (
+        torch.linalg.vector_norm(o - r).item() / max(torch.linalg.vector_norm(magnitude).item(), 1e-300))
     tol = REL_TOLERANCE[dtype] if rel_tol is None else rel_tol
     # Elementwise backstop: atol scales with the reference's magnitude (an error of 1e-4 means
     # little next to outputs of 1e3), and loosens with the test's relative tolerance.
     looser = max(1.0, tol / REL_TOLERANCE[dtype])
     atol, rtol = (t * looser for t in ELEMENT_TOLERANCE[dtype])
-    atol *= max(1.0, r.abs().max().item() if r.numel() else 1.0)
-    far = (o - r).abs() > atol + rtol * r.abs()
+    atol *= max(1.0, magnitude.abs().max().item() if magnitude.numel() else 1.0)
+    far = (o - r).abs() > atol + rtol * magnitude.abs()
     if err > tol or far.any():
         idx = torch.nonzero((out64 - ref64).abs().nan_to_num(0) > atol + rtol * ref64.abs().nan_to_num(0))[:5]
         listing = ", ".join(f"{tuple(i.tolist())}: {out64[tuple(i)].item():.6g} vs {ref64[tuple(i)].item():.6g}"
