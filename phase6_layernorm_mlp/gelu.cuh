@@ -11,14 +11,17 @@ namespace phase6 {
 __device__ __forceinline__ float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   constexpr float kKappa = 0.044715f;
-  // For |x| beyond ~1e13 x^3 overflows to +-inf; tanhf(+-inf) = +-1 keeps the result x or -0.
+  // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): the same value without the cancellation of
+  // 1 + tanh(u) for negative u, where GELU is tiny and must keep its relative accuracy.
+  // For |x| beyond ~1e13 x^3 overflows to +-inf; exp gives inf or 0 and the result -0 or x.
   const float inner = kSqrt2OverPi * (x + kKappa * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(inner));
+  return x / (1.0f + expf(-2.0f * inner));
 }
 
 __device__ __forceinline__ float gelu_erf(float x) {
   constexpr float kRsqrt2 = 0.7071067811865476f;
-  return 0.5f * x * (1.0f + erff(x * kRsqrt2));
+  // 1 + erf(z) = erfc(-z), accurate where erf(z) is close to -1 (large negative x).
+  return 0.5f * x * erfcf(-x * kRsqrt2);
 }
 
 template <Activation ACT>
