@@ -23,9 +23,11 @@ from utils import roofline
 from utils.attention_bench import benchmark_attention, roofline_points
 from utils.bench import peak_extra_mb, sweep, time_cuda
 from utils.peers import sdpa, torch_naive
+from utils.readme import env_line, fmt, update_readme
 from utils.results import read_results, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 METRICS_PATH = RESULTS / "baseline_metrics.json"
 ROOFLINE_PATH = RESULTS / "baseline_roofline.png"
 SEQ_LENS = (128, 256, 512, 1024)
@@ -55,7 +57,8 @@ def profile_ops(model, idx, top: int = 15) -> dict:
     # A CPU range's device_time_total counts the kernels launched inside it, children included.
     shares = {name: sum(e.device_time_total for e in events
                         if e.device_type == DeviceType.CPU and e.name == name) / total for name in RANGES}
-    averages = [e for e in prof.key_averages() if e.key not in RANGES and e.self_device_time_total > 0]
+    averages = [e for e in prof.key_averages()
+                if e.device_type != DeviceType.CPU and e.key not in RANGES and e.self_device_time_total > 0]
     ops = [{"op": e.key, "gpu_us": e.self_device_time_total, "calls": e.count,
             "share": e.self_device_time_total / total}
            for e in sorted(averages, key=lambda e: -e.self_device_time_total)[:top]]
@@ -154,6 +157,58 @@ def plot(doc: dict) -> None:
     print(f"wrote {ROOFLINE_PATH}")
 
 
+def readme_lines(doc: dict) -> list[str]:
+    """The README's measurement section, every number read from the results."""
+    prof, ceilings = doc["profile"], doc["ceilings"]
+    shape = prof["shape"]
+    lines = [env_line(doc), "",
+             f"**Where the forward's GPU time goes** (batch {shape['batch']}, seq {shape['seq']}, explicit-math "
+             f"attention; torch.profiler, total {prof['total_gpu_us'] / 1e3:.2f} ms of kernels)", "",
+             "| range | share of GPU time |", "|---|---|"]
+    lines += [f"| {name} | {share:.1%} |" for name, share in prof["range_shares"].items()]
+    kernels = [op for op in prof["top_ops"] if not op["op"].startswith("aten::")]  # kernels, not the ops launching them
+    lines += ["", "| top kernels by GPU time | launches | GPU µs | share |", "|---|---|---|---|"]
+    lines += [f"| `{op['op'][:60]}` | {op['calls']} | {fmt(op['gpu_us'])} | {op['share']:.1%} |"
+              for op in kernels[:8]]
+    models = [r for r in doc["rows"] if r["op"] == "model"]
+    lines += ["", "**Whole model: explicit-math attention (torch_eager) vs SDPA (torch_sdpa)**", "",
+              "| batch | seq | eager ms | SDPA ms | SDPA speed-up | eager tokens/s | eager extra MB | SDPA extra MB |",
+              "|---|---|---|---|---|---|---|---|"]
+    by_key = {(r["impl"], r["B"], r["S"]): r for r in models}
+    for (impl, B, S), eager in sorted(by_key.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        sdpa_row = by_key.get(("torch_sdpa", B, S))
+        if impl != "torch_eager" or sdpa_row is None:
+            continue
+        lines.append(f"| {B} | {S} | {fmt(eager['ms'])} | {fmt(sdpa_row['ms'])} | {eager['ms'] / sdpa_row['ms']:.2f}x | "
+                     f"{fmt(eager['tokens_per_s'])} | {fmt(eager['extra_mb'])} | {fmt(sdpa_row['extra_mb'])} |")
+    lines += ["", f"**The attention step alone** (B={shape['batch']}, H={HEADS}, D={HEAD_DIM}, causal)", "",
+              "| impl | S | ms | TFLOP/s | % of FP32 FFMA peak | GB/s (minimum bytes) | extra MB |",
+              "|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in doc["rows"] if r["op"] == "attention"), key=lambda r: (r["Sq"], r["impl"])):
+        lines.append(f"| {r['impl']} | {r['Sq']} | {fmt(r['ms'])} | {fmt(r['tflops'])} | "
+                     f"{r['tflops'] / ceilings['fp32_TFLOPs']:.0%} | {fmt(r['gbps'])} | {fmt(r['extra_mb'])} |")
+    if isinstance(doc.get("ncu"), list):
+        lines += ["", f"**Nsight Compute, the explicit-math attention at S={shape['seq']}** "
+                      f"(DRAM ceiling: copy at {ceilings['dram_TBps']:.2f} TB/s)", "",
+                  "| step | kernel | µs | DRAM GB/s | % of copy bandwidth | FP32 GFLOP/s (counted) | occupancy % |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in doc["ncu"]:
+            lines.append(f"| {r.get('step', '?')} | `{r['kernel'].split('(')[0][:48]}` | {fmt(r['time_ns'] / 1e3)} | "
+                         f"{fmt(r.get('dram_GBps'))} | {r.get('dram_GBps', 0) / (ceilings['dram_TBps'] * 1e3):.0%} | "
+                         f"{fmt(r.get('fp32_GFLOPs'))} | {fmt(r.get('occupancy_pct'))} |")
+    elif doc.get("ncu"):
+        lines += ["", f"ncu did not run: {doc['ncu']}"]
+    lines += ["", "Ceilings measured on the same GPU: " + ", ".join(
+        f"{k} {fmt(v)}" for k, v in ceilings.items() if isinstance(v, float)) + ".",
+              "", "Plot: [Roofline](results/baseline_roofline.png)."]
+    return lines
+
+
+def render(doc: dict) -> None:
+    plot(doc)
+    update_readme(HERE / "README.md", readme_lines(doc), source="results/baseline_metrics.json")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sweep, no ncu (a smoke run)")
@@ -164,8 +219,9 @@ def main(argv=None) -> int:
         return 0
     if not torch.cuda.is_available():
         if METRICS_PATH.exists():
-            print("no GPU visible: redrawing the phase 1 Roofline from the committed results (nothing re-measured)")
-            plot(read_results(METRICS_PATH))
+            print("no GPU visible: redrawing the phase 1 Roofline and README section from the committed "
+                  "results (nothing re-measured)")
+            render(read_results(METRICS_PATH))
         else:
             print("no GPU visible and no committed phase 1 results yet: nothing to do")
         return 0
@@ -178,7 +234,7 @@ def main(argv=None) -> int:
     ncu = "skipped (--quick)" if args.quick else ncu_records()
     write_results(METRICS_PATH, rows, ceilings, profile=profile, ncu=ncu)
     doc = read_results(METRICS_PATH)
-    plot(doc)
+    render(doc)
     share = profile["range_shares"]["attention"]
     print(f"attention takes {share:.0%} of the forward's GPU time at batch {PROFILE_SHAPE['batch']}, "
           f"seq {PROFILE_SHAPE['seq']}; wrote {METRICS_PATH}")
