@@ -108,6 +108,10 @@ def main(argv=None) -> int:
         for module in args.only or PHASE_SCRIPTS:
             if module_exists(module):
                 summary.append((module, *run_logged(module, [sys.executable, "-m", module])))
+    if not args.only:
+        from utils import report
+
+        report.main()
     if args.archive:
         print(f"archived results to {archive(args.archive)}")
     print("\n=== summary")
