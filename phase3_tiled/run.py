@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from phase2_naive import run as common
-from phase2_naive.run import HEADLINE, fmt
+from phase2_naive.run import HEADLINE
+from utils.readme import env_line, fmt, update_readme
 
 HERE = Path(__file__).resolve().parent
 NAME = "phase3_tiled"
@@ -156,7 +157,7 @@ def render(doc: dict, results: Path) -> None:
     plot_roofline(points, doc["ceilings"], results / "tiled_roofline.png",
                   f"Phase 3 Roofline: attention B={h['B']} H={h['H']} S={h['S']} D={h['D']}, "
                   f"and each kernel of {DEFAULT_IMPL}", env=env)
-    lines = [common.env_line(doc), "",
+    lines = [env_line(doc), "",
              *common.attention_table(common.headline_rows(attention), "Attention forward at the headline shape"),
              *target_lines(doc.get("target", {"rule": TARGET["rule"]})),
              "**Each kernel on its own**", "", *common.kernel_table(doc["rows"]),
@@ -165,7 +166,7 @@ def render(doc: dict, results: Path) -> None:
              "**Nsight Compute**", "", *common.ncu_table(doc.get("ncu", {})),
              "Plots: [speed vs S](results/speed_vs_seq.png), [tile sizes](results/tile_size_comparison.png), "
              "[Roofline](results/tiled_roofline.png)."]
-    common.update_readme(HERE / "README.md", lines)
+    update_readme(HERE / "README.md", lines)
 
 
 def render_quick(doc: dict, results: Path) -> None:

@@ -11,9 +11,11 @@
    headline shape (B=4, H=8, S=4096, D=64): results/memory_analysis.txt compares the kernels before
    (phase 3) and after (phase 4), metric by metric.
 4. results/coalesced_metrics.json (utils.results schema), results/coalesced_roofline.png,
-   results/coalesced_speed.png, results/kernel_times.png.
+   results/coalesced_speed.png, results/kernel_times.png, and the generated sections of README.md
+   (measurement, ncu evidence, success checklist: readme_section.py).
 
-Without a GPU it redraws the plots and the memory analysis from the committed json.
+Without a GPU it redraws the plots, the memory analysis and the README sections from the
+committed json (a --quick run's json redraws the plots only).
 `--profile-target NAME[,NAME...]` is the mode ncu runs: one call of each named impl at the
 headline shape, each preceded by a one-thread marker kernel that tells the records apart.
 """
@@ -379,7 +381,8 @@ def plot_kernel_times(kernel_rows: list[dict], path: Path, env: dict | None) -> 
 
 
 def draw_everything(doc: dict) -> None:
-    """Every PNG and memory_analysis.txt, from a results document (fresh or read back)."""
+    """Every PNG, memory_analysis.txt and the README sections, from a results document (fresh or
+    read back)."""
     env, ceilings, rows = doc["env"], doc["ceilings"], doc["rows"]
     ncu = doc.get("ncu", {"error": "not recorded"})
     attention_rows = select(rows, op="attention")
@@ -400,6 +403,12 @@ def draw_everything(doc: dict) -> None:
                                    "B=4 H=8 S=4096 D=64", env=env)
     if kernel_rows:
         plot_kernel_times(kernel_rows, KERNELS_PATH, env)
+    if doc.get("quick"):
+        print("quick run: README sections left as they are (they describe a full run)")
+    else:
+        from phase4_coalesced import readme_section
+
+        readme_section.update(doc, HEADLINE, TARGETS, headline_targets)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -426,7 +435,8 @@ def regenerate_without_gpu() -> int:
     except Exception as exc:  # never fail on a CPU machine
         print(f"no GPU: could not redraw from {METRICS_PATH.name} ({type(exc).__name__}: {exc})")
         return 0
-    print(f"no GPU: redrew the plots and memory_analysis.txt from the committed {METRICS_PATH.name}")
+    print(f"no GPU: redrew the plots, memory_analysis.txt and the README sections from the committed "
+          f"{METRICS_PATH.name} ({doc['env']['gpu']}, {doc['env']['date'][:10]})")
     return 0
 
 

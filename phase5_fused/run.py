@@ -6,8 +6,9 @@ the generated optimization summary.
     python -m phase5_fused.run --profile-target all   # (used by ncu) one call of each impl
 
 Writes results/metrics.json, speed_vs_seq.png, memory_scaling.png, strided.png,
-final_roofline.png and optimization_summary.md. Without a GPU it regenerates the plots and the
-summary from the committed metrics.json (or says there are no results yet).
+final_roofline.png, optimization_summary.md and the generated section of README.md (between the
+results markers; text from summary.py). Without a GPU it regenerates the plots, the summary and the
+README section from the committed metrics.json (or says there are no results yet).
 """
 
 from __future__ import annotations
@@ -287,9 +288,13 @@ def plot_strided(rows, path, env) -> None:
 
 
 def write_summary(doc: dict) -> None:
-    from phase5_fused.summary import render
+    """results/optimization_summary.md and the README's generated section (after the plots, so the
+    README's checklist sees the files)."""
+    from utils.readme import update_readme
+    from phase5_fused.summary import readme_lines, render
 
     (RESULTS / "optimization_summary.md").write_text(render(doc))
+    update_readme(RESULTS.parent / "README.md", readme_lines(doc, RESULTS))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,7 +311,7 @@ def offline() -> int:
         doc = read_results(METRICS)
         plot_all(doc)
         write_summary(doc)
-        print(f"phase5_fused: no GPU; plots and summary regenerated from {METRICS.name} ({doc['env']['date'][:10]})")
+        print(f"phase5_fused: no GPU; plots, summary and README section regenerated from {METRICS.name} ({doc['env']['date'][:10]})")
     except Exception as exc:  # never fail without a GPU
         print(f"phase5_fused: no GPU; could not regenerate from {METRICS.name}: {exc}")
     return 0

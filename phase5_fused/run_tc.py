@@ -5,8 +5,9 @@ S 512 to 16384, causal and not. TFLOP/s against the measured FP16 tensor-core ce
 Compute metrics of the kernels at S=4096; results in results/tc_metrics.json, plots in
 results/tc_roofline.png and results/tc_speed.png.
 
-Without a GPU it redraws the plots from the committed results/tc_metrics.json (or says there are
-none yet), and never fails.
+Both paths regenerate the results section and checklist of README_tensor_cores.md from the results
+(tc_report.py). Without a GPU it redraws the plots and that section from the committed
+results/tc_metrics.json (or says there are none yet), and never fails.
 """
 
 from __future__ import annotations
@@ -210,6 +211,17 @@ def draw(doc: dict) -> None:
                       compute_ceilings=("fp16_tc_TFLOPs", "fp32_TFLOPs"), env=env)
 
 
+def write_readme(doc: dict) -> None:
+    """The generated sections of README_tensor_cores.md (tc_report.py), from the results only."""
+    from phase5_fused import tc_report
+
+    try:
+        if not tc_report.write_readme(doc):
+            print("README_tensor_cores.md has no results markers: its section was not regenerated")
+    except Exception as exc:  # the results are written; a README problem must not fail the run
+        print(f"README_tensor_cores.md not regenerated: {type(exc).__name__}: {exc}")
+
+
 def print_summary(summary: list[dict]) -> None:
     print(f"\nS={HEADLINE_S}, B={B}, H={H}, FP16: TFLOP/s (ours / sdpa_flash / sdpa_cudnn)")
     for e in summary:
@@ -243,9 +255,12 @@ def main(argv=None) -> int:
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     ceilings = {k: v for k, v in ceilings.items() if k != "env"}
     write_results(METRICS_PATH, rows, ceilings, summary=summary, ncu=ncu, notes=notes, quick=args.quick)
-    draw(read_results(METRICS_PATH))
+    doc = read_results(METRICS_PATH)
+    draw(doc)
+    write_readme(doc)
     print_summary(summary)
-    print(f"wrote {METRICS_PATH.relative_to(RESULTS.parent.parent)}, {ROOFLINE_PNG.name}, {SPEED_PNG.name}")
+    print(f"wrote {METRICS_PATH.relative_to(RESULTS.parent.parent)}, {ROOFLINE_PNG.name}, {SPEED_PNG.name}, "
+          f"and the results section of README_tensor_cores.md")
     return 0
 
 
@@ -258,8 +273,9 @@ def redraw_only() -> int:
             return 0
         doc = read_results(METRICS_PATH)
         draw(doc)
-        print(f"no GPU visible: redrew the plots from the committed {METRICS_PATH.name} "
-              f"({doc['env'].get('gpu')}, {doc['env'].get('date', '')[:10]})")
+        write_readme(doc)
+        print(f"no GPU visible: redrew the plots and the README section from the committed "
+              f"{METRICS_PATH.name} ({doc['env'].get('gpu')}, {doc['env'].get('date', '')[:10]})")
         print_summary(doc.get("summary", []))
     except Exception as exc:  # never fail without a GPU: say what went wrong instead
         print(f"no GPU visible; could not redraw from {METRICS_PATH.name}: {exc}")
