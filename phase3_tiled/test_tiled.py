@@ -11,8 +11,8 @@ import torch
 
 import phase3_tiled as ph
 from utils import reference
-from utils.testing import (assert_close, poison_, random_additive_mask, random_bool_mask,
-                           random_qkv, randn, rel_error, requires_gpu)
+from utils.testing import (assert_close, poisoned_call, random_additive_mask, random_bool_mask,
+                           random_qkv, randn, rel_error, requires_gpu, shape_ids)
 
 TILES = ph.TILES
 
@@ -29,19 +29,6 @@ SHAPES = [
     (2, 2, 1024, 1024, 64),
     (1, 1, 1024, 1024, 128),
 ]
-
-
-def _ids(shapes):
-    return ["B{}H{}Sq{}Sk{}D{}".format(*s) for s in shapes]
-
-
-def poisoned(fn, *shapes):
-    """fn() run right after NaN-filled float32 buffers of the given shapes were freed: the caching
-    allocator hands the op those same blocks for its outputs, so an element the kernel forgets
-    to write stays NaN and fails the comparison."""
-    buffers = [poison_(torch.empty(s, device="cuda")) for s in shapes]
-    del buffers
-    return fn()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -66,12 +53,12 @@ def test_cpu_tensors_are_rejected_naming_the_argument():
 
 @requires_gpu
 @pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_ids(SHAPES))
 def test_matmul_qk(shape, tile):
     B, H, Sq, Sk, D = shape
     q, k, _ = random_qkv(B, H, Sq, Sk, D)
     scale = 0.37
-    s = poisoned(lambda: ph.matmul_qk(q, k, scale=scale, tile=tile), (B, H, Sq, Sk))
+    s = poisoned_call(lambda: ph.matmul_qk(q, k, scale=scale, tile=tile), (B, H, Sq, Sk))
     ref = scale * (q.double() @ k.double().transpose(-1, -2))
     magnitude = scale * (q.double().abs() @ k.double().abs().transpose(-1, -2))
     assert_close(s, ref, what="matmul_qk", ref_scale=magnitude)
@@ -81,26 +68,26 @@ def test_matmul_qk(shape, tile):
 
 
 @requires_gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_ids(SHAPES))
 @pytest.mark.parametrize("masking", ["none", "causal", "bool", "additive", "causal+bool"])
 def test_softmax(shape, masking):
     B, H, Sq, Sk, _ = shape
     s = randn(B, H, Sq, Sk, scale=3.0)
     mask = _mask(masking, B, H, Sq, Sk)
     causal = masking.startswith("causal")
-    p = poisoned(lambda: ph.softmax(s, mask=mask, is_causal=causal), (B, H, Sq, Sk))
+    p = poisoned_call(lambda: ph.softmax(s, mask=mask, is_causal=causal), (B, H, Sq, Sk))
     bias = reference.attention_bias(B, H, Sq, Sk, mask, causal, device=s.device)
     assert_close(p, reference.softmax(s.double() + bias), what=f"softmax ({masking})")
 
 
 @requires_gpu
 @pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_ids(SHAPES))
 def test_matmul_av(shape, tile):
     B, H, Sq, Sk, D = shape
     p = torch.softmax(randn(B, H, Sq, Sk, scale=2.0), dim=-1)
     v = randn(B, H, Sk, D)
-    o = poisoned(lambda: ph.matmul_av(p, v, tile=tile), (B, H, Sq, D))
+    o = poisoned_call(lambda: ph.matmul_av(p, v, tile=tile), (B, H, Sq, D))
     assert_close(o, p.double() @ v.double(), what="matmul_av", ref_scale=p.double().abs() @ v.double().abs())
 
 
@@ -117,7 +104,7 @@ def _mask(kind: str, B, H, Sq, Sk):
 
 
 @requires_gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids(SHAPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_ids(SHAPES))
 @pytest.mark.parametrize("masking", ["none", "causal", "bool", "additive", "causal+bool"])
 @pytest.mark.parametrize("tile", TILES)
 def test_attention(shape, masking, tile):
@@ -125,7 +112,7 @@ def test_attention(shape, masking, tile):
     q, k, v = random_qkv(B, H, Sq, Sk, D)
     mask = _mask(masking, B, H, Sq, Sk)
     causal = masking.startswith("causal")
-    out = poisoned(lambda: ph.attention(q, k, v, mask=mask, is_causal=causal, tile=tile),
+    out = poisoned_call(lambda: ph.attention(q, k, v, mask=mask, is_causal=causal, tile=tile),
                    (B, H, Sq, Sk), (B, H, Sq, D))
     ref = reference.attention(q, k, v, mask=mask, is_causal=causal)
     assert_close(out, ref, what=f"attention ({masking}, tile {tile})")
@@ -179,9 +166,9 @@ def test_large_magnitude_inputs_never_nan(tile):
 
 @requires_gpu
 def test_poisoning_reaches_the_outputs():
-    """The harness itself: a buffer allocated right after poisoned() freed one of its size is NaN."""
+    """The harness itself: a buffer allocated right after poisoned_call() freed one of its size is NaN."""
     shape = (1, 2, 37, 29)
-    assert torch.isnan(poisoned(lambda: torch.empty(shape, device="cuda"), shape)).all()
+    assert torch.isnan(poisoned_call(lambda: torch.empty(shape, device="cuda"), shape)).all()
 
 
 @requires_gpu

@@ -339,7 +339,7 @@ def worked_lines(doc) -> list[str]:
 def did_not_lines(doc) -> list[str]:
     rows, S = _attention(doc), _headline_S(doc)
     get = lambda impl, D=64, causal=False: _find(rows, impl=impl, Sq=S, D=D, causal=causal)
-    teach, fast, p4 = get(TEACHING_IMPL), get(TARGET_IMPL), get("phase4_coalesced")
+    teach, p4 = get(TEACHING_IMPL), get("phase4_coalesced")
     kt = ncu_kernel(doc, TEACHING_IMPL)
     sms = doc["env"].get("sms")
     out = []

@@ -463,7 +463,7 @@ def within(x: float, lo: float, hi: float) -> str:
 
 
 def prediction_lines(doc: dict) -> list[str]:
-    P, S = PREDICTION, rt.HEADLINE_S
+    P = PREDICTION
     summary = {(e["D"], e["causal"]): e for e in doc.get("summary", [])}
     lines = ["| prediction (written before the run, H100) | measured (this run) | |", "|---|---|---|"]
     for D in rt.HEAD_DIMS:

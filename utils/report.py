@@ -8,7 +8,6 @@ same inputs; the tensor-core rows from phase 5's tc benchmark; LayerNorm and MLP
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from utils.build import REPO_ROOT
 from utils.readme import env_line, fmt, update_readme

@@ -1,7 +1,5 @@
 """The build helper's set-up checks: one clear line for each bad set-up (CPU only)."""
 
-import os
-import types
 
 import pytest
 import torch

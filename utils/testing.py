@@ -86,6 +86,20 @@ def poison_(x: torch.Tensor) -> torch.Tensor:
     return x.fill_(float("nan"))
 
 
+def poisoned_call(fn, *shapes):
+    """fn() run right after NaN-filled float32 buffers of the given shapes were freed: the caching
+    allocator hands an op that allocates its outputs those same blocks, so an element the kernel
+    forgets to write stays NaN and fails the comparison."""
+    buffers = [poison_(torch.empty(s, device="cuda")) for s in shapes]
+    del buffers
+    return fn()
+
+
+def shape_ids(shapes) -> list[str]:
+    """pytest ids for (B, H, Sq, Sk, D) shapes."""
+    return ["B{}H{}Sq{}Sk{}D{}".format(*s) for s in shapes]
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64 (NaN if out has a NaN where ref is finite)."""
     out64 = out.detach().to(torch.float64).cpu()
