@@ -26,6 +26,7 @@ PHASE_SCRIPTS = (
     "phase5_fused.run",
     "phase5_fused.run_tc",
     "phase6_layernorm_mlp.run",
+    "final.benchmark",
 )
 LOG_DIR = REPO_ROOT / "build" / "logs"
 
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
         from utils import report
 
         report.main()
+        summary.append(("final report", *run_logged("final_report", [sys.executable, "-m", "final.report_gen"])))
     if args.archive:
         print(f"archived results to {archive(args.archive)}")
     print("\n=== summary")

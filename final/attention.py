@@ -1,0 +1,264 @@
+"""One attention API over every phase's kernels.
+
+    from final.attention import cuda_attention_forward, CUDAAttention, supported_modes
+    out = cuda_attention_forward(q, k, v, mode="auto", mask=None, is_causal=False, scale=None, stride=None)
+
+q [B, H, Sq, D], k and v [B, H, Sk, D]; semantics are utils.reference's for every mode: mask bool
+(True = attend) or additive float broadcastable to [B, H, Sq, Sk], is_causal top-left aligned (query
+i sees keys j <= i, also when Sq != Sk), stride keeps keys j % stride == 0, scale defaults to
+1/sqrt(D), a row with no visible key gives zeros. The output has q's dtype.
+
+Modes and what each takes (MODE_INFO has the same table as data):
+
+    mode        kernel                           device  dtypes           D                 stride
+    reference   utils.reference, float64         any     any float        any               yes
+    naive       phase 2, three naive kernels     CUDA    float32          1..128            no
+    tiled       phase 3, three tiled kernels     CUDA    float32          1..128            no
+    coalesced   phase 4, three coalesced kernels CUDA    float32          1..128            no
+    fused       phase 5, FlashAttention FP32     CUDA    float32          32/64/80/96/128   yes
+    fused_tc    phase 5, tensor cores FP16/BF16  CUDA    float16/bfloat16 32/64/96/128      no
+
+mode="auto" picks the first mode of AUTO_ORDER = (fused_tc, fused, coalesced, tiled, naive) that
+takes the inputs: roughly the order of the phases' measured speed (phase 5's results/metrics.json
+times them all in one run; fused_tc and fused never compete, they take different dtypes). At D=128,
+non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
+which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
+kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, D=256,
+stride with float16, ...) auto raises and names the modes that would, reference among them.
+An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
+
+supported_modes(q, k, v, mask, stride) decides from metadata alone (device type, dtype, D, stride),
+so it runs on CPU and under torch.compile. Importing this module builds nothing; a phase's extension
+is built on the first call of its mode. Every phase op is a TORCH_LIBRARY op with a fake
+implementation, so CUDAAttention runs under torch.compile(fullgraph=True).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+# The phase packages build nothing at import (each builds its extension on its first call).
+import phase2_naive
+import phase3_tiled
+import phase4_coalesced
+import phase5_fused
+from phase5_fused import tc
+from utils import reference
+from utils.checks import check_mask
+
+MODES = ("reference", "naive", "tiled", "coalesced", "fused", "fused_tc")
+AUTO_ORDER = ("fused_tc", "fused", "coalesced", "tiled", "naive")
+
+FP32 = (torch.float32,)
+HALF = (torch.float16, torch.bfloat16)
+UNFUSED_MAX_D = 128  # utils.unfused_api.MAX_HEAD_DIM
+FUSED_D = (32, 64, 80, 96, 128)  # phase5_fused.SUPPORTED_D
+FUSED_TC_D = (32, 64, 96, 128)  # phase5_fused.tc.SUPPORTED_D
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1."""
+    kernel: str
+    cuda: bool
+    dtypes: tuple | None
+    head_dims: tuple | range | None
+    stride: bool
+
+    def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride) -> str | None:
+        """Why this mode cannot take such inputs, or None if it can."""
+        if self.cuda and device_type != "cuda":
+            return f"needs CUDA tensors (got {device_type})"
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"needs {'/'.join(_dt(d) for d in self.dtypes)} (got {_dt(dtype)})"
+        if self.head_dims is not None and D not in self.head_dims:
+            return f"needs D in {_dims(self.head_dims)} (got {D})"
+        if stride is not None and stride != 1 and not self.stride:
+            return "has no stride support"
+        return None
+
+
+MODE_INFO = {
+    "reference": ModeInfo("utils.reference (float64)", False, None, None, True),
+    "naive": ModeInfo("phase2_naive", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
+    "tiled": ModeInfo("phase3_tiled", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
+    "coalesced": ModeInfo("phase4_coalesced", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
+    "fused": ModeInfo("phase5_fused (fast)", True, FP32, FUSED_D, True),
+    "fused_tc": ModeInfo("phase5_fused.tc", True, HALF, FUSED_TC_D, False),
+}
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _dims(dims) -> str:
+    return f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else "{" + ", ".join(map(str, dims)) + "}"
+
+
+class UnsupportedModeError(ValueError):
+    """A mode that cannot take the inputs (or an unknown mode); the message lists the modes that can."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation common to every mode (device-agnostic, so it runs on CPU)
+
+
+def _check_inputs(q, k, v, mask, stride):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, H, S, D], got shape {tuple(x.shape)}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {_dt(x.dtype)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {_dt(q.dtype)}, {_dt(k.dtype)}, {_dt(v.dtype)}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"k and v must be on q's device {q.device}, got {k.device} and {v.device}")
+    B, H, Sq, D = q.shape
+    if k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if min(B, H, Sq, k.shape[2], D) == 0:
+        raise ValueError(f"q, k, v must not be empty, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if mask is not None:
+        check_mask(mask, (B, H, Sq, k.shape[2]), q.device)
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
+        raise ValueError(f"stride must be an integer >= 1 or None, got {stride!r}")
+
+
+def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
+    """The modes that take these inputs, fastest first (AUTO_ORDER, then "reference").
+
+    Decided from metadata only (q's device type and dtype, D = q.shape[-1], stride); k, v and mask
+    are checked for consistency (shapes, dtypes, devices) when given, which raises on bad input
+    whatever the mode. Works on CPU, meta and fake tensors and under torch.compile."""
+    if k is not None and v is not None:
+        _check_inputs(q, k, v, mask, stride)
+    return [m for m in (*AUTO_ORDER, "reference")
+            if MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride) is None]
+
+
+def resolve_mode(mode: str, q, k, v, mask=None, stride=None) -> str:
+    """The concrete mode that runs: `mode` itself if it takes the inputs, auto's pick for "auto";
+    otherwise UnsupportedModeError naming the modes that would take them."""
+    if mode != "auto" and mode not in MODES:
+        raise UnsupportedModeError(f"unknown attention mode {mode!r}; modes are {('auto', *MODES)}")
+    ok = supported_modes(q, k, v, mask, stride)
+    if mode == "auto":
+        cuda_ok = [m for m in ok if m != "reference"]
+        if cuda_ok:
+            return cuda_ok[0]
+        what = _describe(q, stride)
+        reasons = "; ".join(f"{m} {MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride)}"
+                            for m in AUTO_ORDER)
+        raise UnsupportedModeError(
+            f"mode='auto': no CUDA kernel takes {what} ({reasons}). Modes that would: {ok}; "
+            f"pass mode='reference' explicitly for the float64 reference (auto never falls back to it)")
+    if mode not in ok:
+        what = _describe(q, stride)
+        reason = MODE_INFO[mode].rejects(q.device.type, q.dtype, q.shape[-1], stride)
+        raise UnsupportedModeError(f"mode={mode!r} cannot take {what}: it {reason}. Modes that would: {ok}")
+    return mode
+
+
+def _describe(q, stride) -> str:
+    """The inputs' properties that decide the mode, for error messages (built only when raising)."""
+    return (f"q {tuple(q.shape)} {_dt(q.dtype)} on {q.device.type}"
+            + (f", stride={stride}" if stride not in (None, 1) else ""))
+
+
+# ------------------------------------------------------------------------------------------------
+# The forward
+
+
+def _reference(q, k, v, mask, is_causal, scale, stride):
+    return reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale,
+                               stride=stride).to(q.dtype)
+
+
+def _run(mode, q, k, v, mask, is_causal, scale, stride):
+    if mode == "reference":
+        return _reference(q, k, v, mask, is_causal, scale, stride)
+    if mode == "fused":
+        return phase5_fused.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride)
+    if mode == "fused_tc":
+        return tc.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
+    return phase.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bool = False,
+                           scale: float | None = None, stride: int | None = None) -> torch.Tensor:
+    """softmax(scale * q k^T + mask) v through the kernel `mode` names (see the module docstring).
+
+    Raises UnsupportedModeError (a ValueError) for an unknown mode or one that cannot take the
+    inputs, listing the modes that would; TypeError / ValueError naming the argument for bad input."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    mode = resolve_mode(mode, q, k, v, mask, stride)
+    if stride == 1:
+        stride = None
+    return _run(mode, q, k, v, mask, is_causal, None if scale is None else float(scale), stride)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPT-2 layout helpers and the module
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, S, hidden] -> [B, H, S, hidden / H] (a view; the kernels copy it contiguous if they need)."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, S, hidden], got shape {tuple(x.shape)}")
+    B, S, C = x.shape
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or C % num_heads:
+        raise ValueError(f"num_heads must be a positive divisor of hidden={C}, got {num_heads!r}")
+    return x.view(B, S, num_heads, C // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, S, D] -> [B, S, H * D] (contiguous), the inverse of split_heads."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, H, S, D], got shape {tuple(x.shape)}")
+    B, H, S, D = x.shape
+    return x.transpose(1, 2).reshape(B, S, H * D)
+
+
+def attention_gpt2(q, k, v, num_heads: int, mode: str = "auto", mask=None, is_causal: bool = False,
+                   scale=None, stride=None) -> torch.Tensor:
+    """Attention on the GPT-2 layout: q [B, Sq, hidden], k/v [B, Sk, hidden] -> [B, Sq, hidden]."""
+    heads = [split_heads(t, num_heads) for t in (q, k, v)]
+    return merge_heads(cuda_attention_forward(*heads, mode=mode, mask=mask, is_causal=is_causal,
+                                              scale=scale, stride=stride))
+
+
+class CUDAAttention(nn.Module):
+    """Attention as a module, with a fixed mode (and optionally causal / stride / scale).
+
+    forward(q, k, v, mask=None) takes [B, H, S, D] tensors, or, when num_heads is set, the GPT-2
+    layout [B, S, hidden] (split into num_heads heads and merged back). No parameters."""
+
+    def __init__(self, mode: str = "auto", is_causal: bool = False, scale: float | None = None,
+                 stride: int | None = None, num_heads: int | None = None):
+        super().__init__()
+        if mode != "auto" and mode not in MODES:
+            raise UnsupportedModeError(f"unknown attention mode {mode!r}; modes are {('auto', *MODES)}")
+        self.mode, self.is_causal, self.scale, self.stride, self.num_heads = mode, is_causal, scale, stride, num_heads
+
+    def forward(self, q, k, v, mask=None):
+        if self.num_heads is not None:
+            return attention_gpt2(q, k, v, self.num_heads, self.mode, mask, self.is_causal, self.scale, self.stride)
+        return cuda_attention_forward(q, k, v, self.mode, mask, self.is_causal, self.scale, self.stride)
+
+    def extra_repr(self) -> str:
+        return (f"mode={self.mode!r}, is_causal={self.is_causal}, scale={self.scale}, stride={self.stride}"
+                + (f", num_heads={self.num_heads}" if self.num_heads is not None else ""))

@@ -1,0 +1,453 @@
+"""Tests of final/: the unified attention API, the OptimizedTransformer and the benchmark's helpers.
+
+CPU tests (CI): the reference mode, mode selection and its errors (decided from metadata, checked on
+fake CUDA tensors), the GPT-2 layout helpers, CUDAAttention on CPU, the model's weight loading, the
+benchmark's grid and no-GPU exit. Toolkit tests (skipped without nvcc): every mode and the whole
+OptimizedTransformer traced on fake CUDA tensors through the ops' fake implementations.
+GPU tests (skipped without a GPU): every CUDA mode against the float64 reference, torch.compile
+(fullgraph) of CUDAAttention, the OptimizedTransformer's logits against the phase 1 baseline's.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from final import attention as A
+from final.attention import (AUTO_ORDER, MODES, CUDAAttention, UnsupportedModeError, attention_gpt2,
+                             cuda_attention_forward, merge_heads, resolve_mode, split_heads, supported_modes)
+from utils import reference
+from utils.testing import (assert_close, random_additive_mask, random_bool_mask, random_qkv, rel_error,
+                           requires_gpu, requires_toolkit)
+
+CPU = "cpu"
+
+
+def _qkv(B=2, H=3, Sq=5, Sk=7, D=16, dtype=torch.float32, device=CPU):
+    return random_qkv(B, H, Sq, Sk, D, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference mode on CPU
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_reference_mode_equals_utils_reference(dtype):
+    q, k, v = _qkv(dtype=dtype)
+    out = cuda_attention_forward(q, k, v, mode="reference")
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.equal(out, reference.attention(q, k, v).to(dtype))
+
+
+def test_reference_mode_passes_mask_causal_scale_stride():
+    q, k, v = _qkv(Sq=9, Sk=9)
+    bool_mask = random_bool_mask((1, 3, 9, 9), device=CPU)
+    add_mask = random_additive_mask((9, 9), device=CPU)
+    for kwargs in ({"is_causal": True}, {"mask": bool_mask}, {"mask": add_mask, "scale": 0.3},
+                   {"stride": 3, "is_causal": True}, {"mask": bool_mask, "stride": 2}):
+        out = cuda_attention_forward(q, k, v, mode="reference", **kwargs)
+        assert torch.equal(out, reference.attention(q, k, v, **kwargs).float()), kwargs
+
+
+def test_fully_masked_rows_give_zeros():
+    q, k, v = _qkv(Sq=4, Sk=4)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    out = cuda_attention_forward(q, k, v, mode="reference", mask=mask)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# Mode selection and its errors
+
+
+def test_unknown_mode_lists_the_modes():
+    q, k, v = _qkv()
+    with pytest.raises(UnsupportedModeError, match="unknown attention mode 'flash'.*'reference'.*'fused_tc'"):
+        cuda_attention_forward(q, k, v, mode="flash")
+    with pytest.raises(ValueError, match="unknown attention mode"):
+        CUDAAttention(mode="flash")
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "reference"])
+def test_cuda_mode_on_cpu_tensors_names_the_modes_that_would(mode):
+    q, k, v = _qkv()
+    with pytest.raises(UnsupportedModeError, match=rf"mode='{mode}' cannot take .*CUDA.*Modes that would: \['reference'\]"):
+        cuda_attention_forward(q, k, v, mode=mode)
+
+
+def test_auto_never_falls_back_to_the_reference():
+    q, k, v = _qkv()
+    with pytest.raises(UnsupportedModeError, match=r"no CUDA kernel.*Modes that would: \['reference'\].*explicitly"):
+        cuda_attention_forward(q, k, v)
+
+
+# (dtype, D, stride) -> the supported modes, fastest first; checked on fake CUDA tensors.
+SUPPORT_TABLE = [
+    (torch.float32, 64, None, ["fused", "coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 64, 1, ["fused", "coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 80, None, ["fused", "coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 48, None, ["coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 1, None, ["coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 64, 4, ["fused", "reference"]),
+    (torch.float32, 48, 4, ["reference"]),
+    (torch.float32, 256, None, ["reference"]),
+    (torch.float16, 64, None, ["fused_tc", "reference"]),
+    (torch.bfloat16, 128, None, ["fused_tc", "reference"]),
+    (torch.float16, 80, None, ["reference"]),
+    (torch.float16, 64, 2, ["reference"]),
+    (torch.float64, 64, None, ["reference"]),
+]
+
+
+@pytest.mark.parametrize("dtype,D,stride,expected", SUPPORT_TABLE)
+def test_supported_modes_and_auto_rule(dtype, D, stride, expected):
+    with FakeTensorMode():
+        q, k = torch.empty(2, 3, 5, D, dtype=dtype, device="cuda"), torch.empty(2, 3, 9, D, dtype=dtype, device="cuda")
+        assert supported_modes(q, k, k, stride=stride) == expected
+        assert supported_modes(q, stride=stride) == expected  # metadata only
+        cuda_modes = [m for m in expected if m != "reference"]
+        if cuda_modes:
+            # auto: the first mode of AUTO_ORDER that takes the inputs
+            assert resolve_mode("auto", q, k, k, stride=stride) == cuda_modes[0]
+            assert cuda_modes[0] == next(m for m in AUTO_ORDER if m in expected)
+        else:
+            with pytest.raises(UnsupportedModeError, match="Modes that would: \\['reference'\\]"):
+                resolve_mode("auto", q, k, k, stride=stride)
+        for mode in MODES:
+            if mode in expected:
+                assert resolve_mode(mode, q, k, k, stride=stride) == mode
+            else:
+                with pytest.raises(UnsupportedModeError, match=f"Modes that would: {expected}".replace("[", "\\[")
+                                   .replace("]", "\\]")):
+                    resolve_mode(mode, q, k, k, stride=stride)
+
+
+def test_capability_table_matches_the_phases():
+    """final.attention's table repeats the phases' limits (so it is decidable without importing a
+    kernel); the constants must agree. Importing the phase packages builds nothing."""
+    import phase5_fused
+    from phase5_fused import tc
+    from utils import unfused_api
+
+    assert A.FUSED_D == tuple(phase5_fused.SUPPORTED_D)
+    assert A.FUSED_TC_D == tuple(tc.SUPPORTED_D)
+    assert set(A.HALF) == set(tc.DTYPES)
+    assert A.UNFUSED_MAX_D == unfused_api.MAX_HEAD_DIM
+
+
+def test_importing_final_builds_nothing():
+    """In a fresh interpreter (other tests of the session may have loaded extensions)."""
+    import subprocess
+    import sys
+
+    from utils.build import REPO_ROOT
+
+    code = ("import final, final.attention, final.optimized_transformer, final.benchmark\n"
+            "import phase2_naive, phase3_tiled, phase4_coalesced, phase5_fused, phase6_layernorm_mlp\n"
+            "from phase5_fused import tc\n"
+            "assert all(m._api._ops is None for m in (phase2_naive, phase3_tiled, phase4_coalesced))\n"
+            "assert phase5_fused._ops is None and tc._ops is None and phase6_layernorm_mlp._ops is None\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bad_inputs_name_the_argument():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="k must be"):
+        cuda_attention_forward(q, k[:, :2], v, mode="reference")
+    with pytest.raises(ValueError, match="v must have k's shape"):
+        cuda_attention_forward(q, k, v[..., :8], mode="reference")
+    with pytest.raises(TypeError, match="share a dtype"):
+        cuda_attention_forward(q, k.double(), v, mode="reference")
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        cuda_attention_forward(q[0], k, v, mode="reference")
+    with pytest.raises(TypeError, match="floating-point"):
+        cuda_attention_forward(q.long(), k.long(), v.long(), mode="reference")
+    with pytest.raises(ValueError, match="stride"):
+        cuda_attention_forward(q, k, v, mode="reference", stride=0)
+    with pytest.raises(ValueError, match="mask of shape"):
+        cuda_attention_forward(q, k, v, mode="reference", mask=torch.ones(4, 7, dtype=torch.bool))
+    with pytest.raises(TypeError, match="is_causal"):
+        cuda_attention_forward(q, k, v, mode="reference", is_causal=1)
+    with pytest.raises(ValueError, match="scale"):
+        cuda_attention_forward(q, k, v, mode="reference", scale=float("nan"))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPT-2 layout and the module
+
+
+def test_split_merge_round_trip():
+    x = torch.randn(2, 7, 48)
+    heads = split_heads(x, 6)
+    assert heads.shape == (2, 6, 7, 8)
+    assert torch.equal(heads[:, 2], x[..., 16:24])  # head h holds features h*D .. (h+1)*D
+    assert torch.equal(merge_heads(heads), x)
+    with pytest.raises(ValueError, match="num_heads"):
+        split_heads(x, 5)
+    with pytest.raises(ValueError, match=r"\[B, S, hidden\]"):
+        split_heads(x[0], 6)
+
+
+def test_gpt2_layout_attention_matches_per_head_reference():
+    q, k, v = (torch.randn(2, n, 32) for n in (5, 9, 9))
+    out = attention_gpt2(q, k, v, num_heads=4, mode="reference", is_causal=True)
+    assert out.shape == (2, 5, 32)
+    ref = reference.attention(*(t.view(2, -1, 4, 8).transpose(1, 2) for t in (q, k, v)), is_causal=True)
+    assert torch.equal(out, ref.transpose(1, 2).reshape(2, 5, 32).float())
+
+
+def test_cuda_attention_module_reference_on_cpu():
+    q, k, v = _qkv(Sq=6, Sk=6)
+    mod = CUDAAttention(mode="reference", is_causal=True)
+    assert list(mod.parameters()) == [] and "reference" in repr(mod)
+    assert torch.equal(mod(q, k, v), reference.attention(q, k, v, is_causal=True).float())
+    gpt2 = CUDAAttention(mode="reference", is_causal=True, num_heads=3)
+    x = torch.randn(2, 6, 48)
+    assert torch.equal(gpt2(x, x, x), attention_gpt2(x, x, x, 3, mode="reference", is_causal=True))
+
+
+def test_cuda_attention_module_traces_fullgraph_on_cpu():
+    """The mode dispatch (supported_modes, resolve_mode) traces without graph breaks."""
+    q, k, v = _qkv(Sq=6, Sk=6)
+    mask = random_bool_mask((6, 6), device=CPU)
+    mod = CUDAAttention(mode="reference", is_causal=True, stride=2)
+    compiled = torch.compile(mod, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(q, k, v, mask), mod(q, k, v, mask))
+
+
+# ------------------------------------------------------------------------------------------------
+# OptimizedTransformer: structure on CPU (its forward needs the CUDA kernels)
+
+
+def test_optimized_transformer_loads_the_baseline_weights():
+    from final.optimized_transformer import OptimizedTransformer
+    from phase1_baseline.pytorch_transformer import GPTConfig, build_model
+
+    config = GPTConfig(n_layer=2, hidden=64, n_head=4, max_seq=64)
+    base = build_model(3, config=config)
+    state = torch.random.get_rng_state()
+    fast = OptimizedTransformer.from_baseline(base)
+    assert torch.equal(torch.random.get_rng_state(), state)  # building it drew no random numbers of ours
+    assert fast.state_dict().keys() == base.state_dict().keys()
+    for name, p in base.state_dict().items():
+        assert torch.equal(fast.state_dict()[name], p), name
+    half = OptimizedTransformer.from_state_dict(base.state_dict(), config, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())
+    assert half.attention_mode == "fused_tc" and half.mlp_impl == "cublas"
+    assert fast.attention_mode == "fused" and fast.mlp_impl == "phase6"
+    with pytest.raises(ValueError, match="mlp='phase6' runs FP32 only"):
+        OptimizedTransformer(config, dtype=torch.float16, mlp="phase6")
+    with pytest.raises(ValueError, match="mlp must be one of"):
+        OptimizedTransformer(config, mlp="triton")
+    with pytest.raises(ValueError, match="dtype"):
+        OptimizedTransformer(config, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark helpers
+
+
+def test_benchmark_grid_and_flops():
+    from final import benchmark as bm
+    from phase1_baseline.pytorch_transformer import GPTConfig
+
+    configs = bm.grid()
+    assert {"B": 8, "S": 1024} in configs and {"B": 8, "S": 4096} in configs and {"B": 1, "S": 4096} in configs
+    assert {"B": 32, "S": 1024} in configs and {"B": 32, "S": 2048} not in configs
+    assert all(c["B"] * c["S"] <= bm.MAX_TOKENS for c in configs)
+    assert len(bm.grid(max_tokens=None)) == len(bm.SEQ_LENS) * len(bm.BATCHES)
+    c = GPTConfig(n_layer=1, hidden=8, n_head=2, vocab_size=10)
+    # qkv 3*64 + proj 64 + mlp 2*4*64 MACs per token, causal attention 2*B*H*S*S*D, lm_head 8*10 MACs
+    assert bm.model_flops(1, 4, c) == 2 * 4 * (3 * 64 + 64 + 512) + 2 * 2 * 16 * 4 + 2 * 4 * 80
+
+
+def test_benchmark_targets_from_rows():
+    from final import benchmark as bm
+
+    rows = [{"impl": "optimized", "B": 8, "S": 1024, "ms": 2.0}, {"impl": "torch_sdpa", "B": 8, "S": 1024, "ms": 3.0},
+            {"impl": "optimized_fp16", "B": 8, "S": 1024, "ms": 2.0}]
+    t = bm.evaluate_targets(rows)
+    assert t["float32"]["met"] is True and t["float32"]["speedup"] == pytest.approx(1.5)
+    assert t["float16"]["met"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_benchmark_without_gpu_says_so_and_exits_0(capsys):
+    from final import benchmark as bm
+
+    assert bm.main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no CUDA GPU" in out[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Toolkit: the CUDA paths traced on fake CUDA tensors (builds/loads the extensions, runs no kernel)
+
+
+@requires_toolkit
+@pytest.mark.compile
+def test_every_mode_and_the_model_trace_on_fake_tensors():
+    from final.optimized_transformer import OptimizedTransformer
+    from phase1_baseline.pytorch_transformer import GPTConfig, build_model
+
+    config = GPTConfig(n_layer=2, hidden=128, n_head=2, max_seq=64)
+    models = {dt: OptimizedTransformer.from_baseline(build_model(0, config=config), dtype=dt)
+              for dt in (torch.float32, torch.float16)}
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+        warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
+        q, k = torch.empty(2, 3, 5, 64, device="cuda"), torch.empty(2, 3, 9, 64, device="cuda")
+        for mode in ("naive", "tiled", "coalesced", "fused", "auto"):
+            assert cuda_attention_forward(q, k, k, mode=mode, is_causal=True).shape == q.shape
+        assert cuda_attention_forward(q, k, k, mode="fused", stride=2).shape == q.shape
+        assert cuda_attention_forward(q.half(), k.half(), k.half(), mode="fused_tc").dtype == torch.float16
+        idx = torch.zeros(2, 37, dtype=torch.long, device="cuda")
+        for dt, model in models.items():
+            logits = model.to("cuda")(idx)
+            assert logits.shape == (2, 37, 256) and logits.dtype == dt
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: every CUDA mode against the float64 reference
+
+SHAPES = [(1, 2, 1, 1, 64), (2, 3, 67, 67, 64), (1, 2, 33, 77, 32), (2, 2, 129, 61, 128), (1, 4, 100, 100, 96)]
+CASES = ["plain", "causal", "bool_mask", "additive_mask", "stride"]
+CUDA_MODES = [("naive", torch.float32), ("tiled", torch.float32), ("coalesced", torch.float32),
+              ("fused", torch.float32), ("fused_tc", torch.float16), ("fused_tc", torch.bfloat16)]
+
+
+def _case_kwargs(case, B, H, Sq, Sk):
+    if case == "causal":
+        return {"is_causal": True}
+    if case == "bool_mask":
+        return {"mask": random_bool_mask((B, 1, Sq, Sk)), "is_causal": True}
+    if case == "additive_mask":
+        return {"mask": random_additive_mask((Sq, Sk)), "scale": 0.2}
+    if case == "stride":
+        return {"stride": 3, "is_causal": True}
+    return {}
+
+
+@requires_gpu
+@pytest.mark.parametrize("mode,dtype", CUDA_MODES, ids=[f"{m}-{str(d)[6:]}" for m, d in CUDA_MODES])
+@pytest.mark.parametrize("shape", SHAPES, ids=["B{}H{}Sq{}Sk{}D{}".format(*s) for s in SHAPES])
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_mode_matches_reference(mode, dtype, shape, case):
+    B, H, Sq, Sk, D = shape
+    q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+    kwargs = _case_kwargs(case, B, H, Sq, Sk)
+    if mode not in supported_modes(q, k, v, kwargs.get("mask"), kwargs.get("stride")):
+        with pytest.raises(UnsupportedModeError, match="Modes that would"):
+            cuda_attention_forward(q, k, v, mode=mode, **kwargs)
+        return
+    out = cuda_attention_forward(q, k, v, mode=mode, **kwargs)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close(out, reference.attention(q, k, v, **kwargs), dtype=dtype, what=f"{mode} {case}")
+
+
+@requires_gpu
+def test_auto_picks_fused_for_fp32_and_fused_tc_for_half():
+    q, k, v = random_qkv(2, 2, 50, 50, 64)
+    assert torch.equal(cuda_attention_forward(q, k, v, is_causal=True),
+                       cuda_attention_forward(q, k, v, mode="fused", is_causal=True))
+    qh, kh, vh = (t.half() for t in (q, k, v))
+    assert torch.equal(cuda_attention_forward(qh, kh, vh), cuda_attention_forward(qh, kh, vh, mode="fused_tc"))
+    q48, k48, v48 = random_qkv(1, 2, 20, 20, 48)
+    assert torch.equal(cuda_attention_forward(q48, k48, v48), cuda_attention_forward(q48, k48, v48, mode="coalesced"))
+    with pytest.raises(UnsupportedModeError, match=r"Modes that would: \['fused_tc', 'reference'\]"):
+        cuda_attention_forward(qh, kh, vh, mode="fused")
+
+
+@requires_gpu
+def test_gpt2_layout_on_cuda():
+    x = torch.randn(2, 40, 256, device="cuda")
+    out = CUDAAttention(mode="fused", is_causal=True, num_heads=4)(x, x, x)
+    ref = reference.attention(*(split_heads(x, 4),) * 3, is_causal=True)
+    assert_close(out, merge_heads(ref), dtype=torch.float32)
+
+
+@requires_gpu
+@pytest.mark.parametrize("mode,dtype,backend", [("fused", torch.float32, "inductor"),
+                                                ("coalesced", torch.float32, "aot_eager"),
+                                                ("fused_tc", torch.float16, "aot_eager")])
+def test_cuda_attention_compiles_fullgraph(mode, dtype, backend):
+    q, k, v = random_qkv(2, 2, 70, 70, 64, dtype=dtype)
+    mod = CUDAAttention(mode=mode, is_causal=True)
+    compiled = torch.compile(mod, fullgraph=True, backend=backend)
+    assert_close(compiled(q, k, v), reference.attention(q, k, v, is_causal=True), dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: OptimizedTransformer logits against the phase 1 baseline
+
+# Relative error of the logits against the FP32 baseline's. FP32: the issue's bound. FP16 / BF16:
+# the whole phase 1 model cast to that dtype in PyTorch lands at about 1.2e-3 (FP16) and 9e-3 (BF16)
+# on CPU; the bounds allow about 4x / 3x that (BF16 looser than the kernels' 1e-2 of DESIGN.md).
+MODEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype,mlp", [(torch.float32, "phase6"), (torch.float32, "cublas"),
+                                       (torch.float16, "cublas"), (torch.bfloat16, "cublas")])
+@pytest.mark.parametrize("B,S", [(2, 67), (1, 256)])
+def test_optimized_transformer_matches_baseline(dtype, mlp, B, S):
+    from final.optimized_transformer import OptimizedTransformer
+    from phase1_baseline.pytorch_transformer import build_model, synthetic_batch
+
+    base = build_model(0, "cuda")
+    fast = OptimizedTransformer.from_baseline(base, dtype=dtype, mlp=mlp)
+    idx = synthetic_batch(B, S, seed=B * 1000 + S, device="cuda")
+    ref = base(idx)
+    out = fast(idx)
+    assert out.dtype == dtype and out.shape == ref.shape and torch.isfinite(out).all()
+    err = rel_error(out, ref)
+    torch_err = rel_error(build_model(0, "cuda", attention="sdpa").to(dtype)(idx), ref)
+    assert err <= MODEL_TOLERANCE[dtype], (f"logits rel error {err:.2e} > {MODEL_TOLERANCE[dtype]:.0e} "
+                                           f"(PyTorch's own {dtype} model: {torch_err:.2e})")
+
+
+def test_benchmark_measure_rows_on_cpu(monkeypatch):
+    """The measurement loop and its rows, on CPU with stand-in timers (the script itself needs a GPU)."""
+    import utils.bench
+    from final import benchmark as bm
+    from utils.results import validate
+
+    monkeypatch.setattr(bm, "DEVICE", CPU)
+    monkeypatch.setattr(utils.bench, "time_cuda", lambda fn, **kw: (fn(), 2.0)[1])
+    monkeypatch.setattr(utils.bench, "peak_extra_mb", lambda fn: (fn(), 3.0)[1])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    notes: list[str] = []
+    rows = bm.measure(["torch_eager", "torch_sdpa"], [{"B": 2, "S": 16}], bm.Models(notes), notes)
+    validate({"env": {k: "" for k in ("gpu", "sms", "torch", "cuda", "driver", "date", "commit")},
+              "ceilings": {}, "rows": rows})
+    assert [r["impl"] for r in rows] == ["torch_eager", "torch_sdpa"] and not notes
+    eager, sdpa = rows
+    assert eager["op"] == "model" and (eager["B"], eager["S"], eager["dtype"]) == (2, 16, "float32")
+    assert eager["tokens_per_s"] == pytest.approx(32 / 2e-3)
+    assert eager["tflops"] == pytest.approx(bm.model_flops(2, 16) / 2e9)
+    assert eager["rel_err"] is None and sdpa["rel_err_vs"] == "torch_eager" and sdpa["rel_err"] < 1e-5
+
+
+def test_readme_section_generated_from_results(tmp_path):
+    from final import benchmark as bm
+    from utils.readme import BEGIN, END
+
+    text = (bm.HERE / "README.md").read_text()
+    assert BEGIN in text and END in text
+    rows = [{"impl": i, "op": "model", "B": 8, "S": 1024, "dtype": bm.IMPLS[i][0], "ms": ms,
+             "tokens_per_s": 8192 / (ms * 1e-3), "extra_mb": 10.0, "rel_err": 1e-6}
+            for i, ms in (("torch_sdpa", 3.0), ("optimized", 2.0), ("torch_sdpa_fp16", 1.0), ("optimized_fp16", 0.5))]
+    doc = {"env": {k: "x" for k in ("gpu", "sms", "torch", "cuda", "driver", "date", "commit")}, "ceilings": {},
+           "rows": rows, "targets": bm.evaluate_targets(rows), "grid": {"max_tokens": bm.MAX_TOKENS},
+           "profile": {"shape": bm.PROFILE_SHAPE, "by_impl": {"optimized": {
+               "total_gpu_us": 1000.0, "us": {"attention": 400.0, "layer_norm": 100.0, "mlp": 300.0, "other": 200.0},
+               "share": {"attention": 0.4, "layer_norm": 0.1, "mlp": 0.3, "other": 0.2}}}}}
+    text = "\n".join(bm.readme_lines(doc))
+    assert "| 8 | 1024 | 3 | 2 | 1 | 0.5 | 1.50x | 2.00x |" in text
+    assert "float32: optimized 2 ms vs torch_sdpa 3 ms = 1.50x: met" in text
+    assert "0.4 ms (40%)" in text
