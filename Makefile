@@ -1,7 +1,7 @@
 # Thin wrappers; every target runs with the interpreter utils/env.sh picks (and sets up if needed).
 PY := $(shell sh utils/env.sh)
 
-.PHONY: run test build profile sanitize clean
+.PHONY: run test build profile sanitize student grade clean
 
 run:        ## build every kernel, run every phase script, regenerate metrics, plots, tables
 	$(PY) -m utils.run_all
@@ -17,6 +17,9 @@ sanitize:   ## compute-sanitizer memcheck and racecheck over every phase's kerne
 
 profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
 	$(PY) -m phase1_baseline.run
+
+student:    ## write the student starter kit: make student OUT=DIR
+	$(PY) -m utils.student --out $(OUT)
 
 clean:      ## remove build outputs (not results)
 	rm -rf build .pytest_cache

@@ -28,11 +28,13 @@ __global__ void naive_qk_kernel(const float* __restrict__ q, const float* __rest
     for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; i < Sq;
          i += static_cast<int64_t>(gridDim.y) * blockDim.y) {
       const float* q_row = q + (bh * Sq + i) * D;
+      // BEGIN SOLUTION: S[i][j] = scale * (q_i . k_j), the dot product straight from global memory, stored at s[(bh * Sq + i) * Sk + j]
       // The dot product q_i . k_j, straight from global memory.
       float acc = 0.0f;
       for (int64_t d = 0; d < D; ++d) acc = fmaf(q_row[d], k_row[d], acc);
       // One coalesced store per warp: consecutive threads write consecutive j.
       s[(bh * Sq + i) * Sk + j] = scale * acc;
+      // END SOLUTION
     }
   }
 }

@@ -26,6 +26,7 @@ __global__ void naive_softmax_kernel(const float* s, float* p, int64_t B, int64_
   const float* s_row = s + row * Sk;
   float* p_row = p + row * Sk;
 
+  // BEGIN SOLUTION: the three passes over row `row`: m = max_j (s + mask_bias), l = sum_j exp(x_j - m), p = exp(x_j - m) / l; a fully masked row (m = -inf) is all zeros
   // Pass 1: the row maximum m of the masked scores.
   float m = -INFINITY;
   for (int64_t j = 0; j < Sk; ++j) m = fmaxf(m, s_row[j] + course::mask_bias(masking, b, h, i, j));
@@ -44,6 +45,7 @@ __global__ void naive_softmax_kernel(const float* s, float* p, int64_t B, int64_
   const float inv_l = 1.0f / l;
   for (int64_t j = 0; j < Sk; ++j)
     p_row[j] = expf(s_row[j] + course::mask_bias(masking, b, h, i, j) - m) * inv_l;
+  // END SOLUTION
 }
 
 }  // namespace

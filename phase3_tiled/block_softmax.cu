@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float* s_row = s + row * Sk;
     float* p_row = p + row * Sk;
 
+    // BEGIN SOLUTION: per-thread online (m_t, l_t) over j = threadIdx.x, += blockDim.x; block_reduce_max / block_reduce_sum (l = sum_t l_t * exp(m_t - m)); write P (zeros for a fully masked row)
     // Pass 1: this thread's running max m_t and rescaled running sum l_t.
     float m_t = -INFINITY, l_t = 0.0f;
     for (int64_t j = threadIdx.x; j < Sk; j += blockDim.x) {
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float inv_l = 1.0f / l;
     for (int64_t j = threadIdx.x; j < Sk; j += blockDim.x)
       p_row[j] = expf(s_row[j] + course::mask_bias(masking, b, h, i, j) - m) * inv_l;
+    // END SOLUTION
   }
 }
 

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(T * T)
     const float* v_bh = v + bh * Sk * D;
     for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * T; i0 < Sq;
          i0 += static_cast<int64_t>(gridDim.y) * T) {
+      // BEGIN SOLUTION: walk the keys in chunks of T: stage Ps and Vs with zeros outside, __syncthreads, accumulate sum_c Ps[ty][c] * Vs[c][tx], __syncthreads; then store acc when i < Sq and d < D
       float acc = 0.0f;
       for (int64_t j0 = 0; j0 < Sk; j0 += T) {
         // Step 1: stage one T x T tile of P and of V (zeros outside the matrices).
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(T * T)
       // Step 4: store the output element.
       const int64_t i = i0 + ty, d = d0 + tx;
       if (i < Sq && d < D) o[(bh * Sq + i) * D + d] = acc;
+      // END SOLUTION
     }
   }
 }

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(T * T)
     const float* k_bh = k + bh * Sk * D;
     for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * T; i0 < Sq;
          i0 += static_cast<int64_t>(gridDim.y) * T) {
+      // BEGIN SOLUTION: walk D in chunks of T: stage Qs (row-wise) and Kt (K transposed) with zeros outside, __syncthreads, accumulate sum_c Qs[ty][c] * Kt[c][tx], __syncthreads; then store scale * acc when i < Sq and j < Sk
       float acc = 0.0f;
       for (int64_t d0 = 0; d0 < D; d0 += T) {
         // Step 1: stage one T x T tile of Q (row-wise) and of K (transposed), zeros outside.
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(T * T)
       // Step 4: store the scaled score (consecutive tx: consecutive j, coalesced).
       const int64_t i = i0 + ty, j = j0 + tx;
       if (i < Sq && j < Sk) s[(bh * Sq + i) * Sk + j] = scale * acc;
+      // END SOLUTION
     }
   }
 }

@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
     const bool has_next = t + 1 < num_k_tiles;
     // Step 3: start fetching the next k-tile; its latency hides behind step 4's FMAs.
     if (has_next) load_tiles((t + 1) * BK);
+    // BEGIN SOLUTION: Step 4: for each kk < BK, load this thread's TM values of As[buf][kk][.] and TN values of Bs[buf][kk][.] (float4 groups at g * 4 * TY + ty * 4 and h * 4 * TX + tx * 4) and add their outer product to acc
     // Step 4: rank-1 updates of the register micro-tile, one per k of the shared tile.
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
@@ -201,12 +202,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
+    // END SOLUTION
     // Step 5: park the fetched tile in the other buffer; the barrier publishes it and also
     // guarantees nobody still reads the buffer the next iteration overwrites.
     if (has_next) store_tiles(buf ^ 1);
     __syncthreads();
   }
 
+  // BEGIN SOLUTION: Step 6: store alpha * acc (float4 stores when kVec; row g * 4 * TY + ty * 4 + i, column h * 4 * TX + tx * 4 + j), skipping rows >= M and columns >= N
   // Step 6: scale and write the micro-tile, float4 per row group, skipping the matrix's tails.
 #pragma unroll
   for (int g = 0; g < TM / 4; ++g) {
@@ -232,6 +235,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
       }
     }
   }
+  // END SOLUTION
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(kThreads == course::kWarpSize ? kThreads * kRo
   const float* s = S + row * Sk;
   float* p = P + row * Sk;
 
+  // BEGIN SOLUTION: read the row once into x[kSlots][W] (lane-consecutive, float4 when kVec, mask_bias added, causal-hidden entries not read), row_max, x = exp(x - m), row_sum, then write P = x / l once (zeros for a fully hidden row)
   // Step 1: read the row once, coalesced (access t of lane l covers entries (l + t*kThreads)*W..),
   // add the mask bias (-inf where hidden, hidden entries not read) and keep the running max m.
   float x[kSlots][W];
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(kThreads == course::kWarpSize ? kThreads * kRo
       p[j0] = x[t][0] * inv_l;
     }
   }
+  // END SOLUTION
 }
 
 constexpr int kStreamThreads = 512;
@@ -124,6 +126,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     return bias == -CUDART_INF_F ? -CUDART_INF_F : s[j] + bias;
   };
 
+  // BEGIN SOLUTION: rows too long for registers: per-thread online max and sum over value(j), block_reduce_max / block_reduce_sum, then a second pass that writes P (zeros for a fully hidden row)
   // Pass 1: online max m and sum l of exp(x - m) over this thread's entries.
   float m = -CUDART_INF_F, l = 0.0f;
   for (int64_t j = threadIdx.x; j < Sk; j += kStreamThreads) {
@@ -144,6 +147,7 @@ __global__ void __launch_bounds__(kStreamThreads)
 
   // Pass 2: write P.
   for (int64_t j = threadIdx.x; j < Sk; j += kStreamThreads) p[j] = expf(value(j) - row_m) * inv_l;
+  // END SOLUTION
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

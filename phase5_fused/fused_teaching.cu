@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(kBr) fused_teaching_kernel(FusedParams p) {
     __syncthreads();  // K_j, V_j (and Q_i on the first tile) are visible to every thread
 
     if (row_valid) {
+      // BEGIN SOLUTION: Lines 9-13 of Algorithm 1 for row i: s_row[c] = scale * Q_i . K_j[c] + mask_bias (-inf past kv_limit), m_new = max(m, rowmax), P~ = exp(S - m_new) (reference 0 while m_new = -inf), l and o rescaled by exp(m - m_new), o += P~ V_j, m = m_new
       // Line 9: S_ij = scale * Q_i K_j^T, plus the mask (-inf hides a key). This thread's row of
       // S_ij lives in shared memory (Bc floats), later overwritten by P~_ij.
       float* s_row = Sij + tid * kSPitch;
@@ -136,17 +137,20 @@ __global__ void __launch_bounds__(kBr) fused_teaching_kernel(FusedParams p) {
       }
       // Line 13: m_i = m_new.
       m = m_new;
+      // END SOLUTION
     }
   }
 
   // Line 15: O_i = O_i / l_i (a row with every key hidden has l_i = 0: its output is zeros), and
   // the logsumexp L_i = m_i + log(l_i) (-inf for such a row).
   if (!row_valid) return;
+  // BEGIN SOLUTION: Line 15: write o / l to p.o (zeros when l = 0) and, if p.lse is set, the logsumexp m + log(l) (-inf when l = 0)
   const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
   float* o_row = p.o + (bh * p.Sq + i) * D;
 #pragma unroll
   for (int d = 0; d < D; ++d) o_row[d] = o[d] * inv_l;
   if (p.lse != nullptr) p.lse[bh * p.Sq + i] = l > 0.0f ? m + logf(l) : -CUDART_INF_F;
+  // END SOLUTION
 }
 
 template <int D>

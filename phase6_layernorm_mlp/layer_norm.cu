@@ -108,6 +108,7 @@ layer_norm_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual
   const int64_t base = row * hidden;
   const int64_t chunks = hidden / VEC;
 
+  // BEGIN SOLUTION: Steps 1-4 for this row: shift K = (x[0], r[0]); d = s - K into registers with load_shifted (it writes sum), mean_d with team_sum; variance of d from the registers, rstd = rsqrtf(var + eps); normalize_store every chunk
   // Step 1: the shift K = (x[0], r[0]) of the row, the same values in every thread of the row.
   const float Kx = to_float(x[base]);
   const float Kr = residual != nullptr ? to_float(residual[base]) : 0.0f;
@@ -147,6 +148,7 @@ layer_norm_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual
     const int64_t c = rank + static_cast<int64_t>(i) * team;
     if (c < chunks) normalize_store<T, VEC>(d[i], mean_d, rstd, gamma, beta, y, base + c * VEC, c * VEC);
   }
+  // END SOLUTION
 }
 
 // Version 3: rows too long for registers. The same three steps, each streaming over the row.
@@ -158,6 +160,7 @@ layer_norm_streaming_kernel(const T* __restrict__ x, const T* __restrict__ resid
   __shared__ float scratch[course::kWarpSize];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * hidden;
   const int64_t chunks = hidden / VEC;
+  // BEGIN SOLUTION: the streaming version: shift K = (x[0], r[0]); pass 1 mean of d = s - K (load_shifted writes sum), pass 2 variance re-reading x and r, pass 3 normalize_store; block_reduce_sum after passes 1 and 2
   const float Kx = to_float(x[base]);
   const float Kr = residual != nullptr ? to_float(residual[base]) : 0.0f;
 
@@ -190,6 +193,7 @@ layer_norm_streaming_kernel(const T* __restrict__ x, const T* __restrict__ resid
     load_shifted<T, VEC>(x, residual, nullptr, base + c * VEC, Kx, Kr, d);
     normalize_store<T, VEC>(d, mean_d, rstd, gamma, beta, y, base + c * VEC, c * VEC);
   }
+  // END SOLUTION
 }
 
 template <typename T, int VEC, int NV>

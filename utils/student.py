@@ -1,0 +1,281 @@
+"""The student starter kit: a copy of the course with every solution region turned into a TODO.
+
+`python -m utils.student --out DIR` copies the course's files (git's tracked and untracked-but-not-
+ignored files, results/ included) into DIR and replaces each region marked in the solutions
+
+    // BEGIN SOLUTION: what the student writes here         (CUDA / C++: .cu .cuh .h .cpp ...)
+    ...solution code...
+    // END SOLUTION
+
+    # BEGIN SOLUTION: what the student writes here          (Python)
+    ...solution code...
+    # END SOLUTION
+
+by a TODO that still compiles and imports:
+  CUDA / C++  `// TODO(student): <text>`; the kernel then leaves its outputs unwritten, so the
+              tests (which NaN-poison every output buffer) fail on the values, not on the build.
+  Python      `raise NotImplementedError("TODO(student): <text> - see <file>")`.
+Inside a region, a comment line `// STUB: <code>` (Python: `# STUB: <code>`) becomes `<code>` in
+the kit: the minimal code the rest of the file needs to compile (a declaration, a return value).
+
+The kit also gets TODO.md (every TODO with its file and line) and a conftest.py that appends the
+TODOs still present in a phase to the message of each of that phase's failing tests, so a failure
+points at the code to write. The generator itself (this file, utils/test_student.py) is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+C_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c")
+PY_SUFFIXES = (".py",)
+# The generator and its test stay out of the kit (a kit has no solutions to strip).
+EXCLUDED = ("utils/student.py", "utils/test_student.py")
+TODO_TAG = "TODO(student)"
+DEFAULT_TODO = "write this part (see the phase README)"
+
+
+class StudentKitError(RuntimeError):
+    """A malformed marker (nested, unclosed, END without BEGIN); the message names file and line."""
+
+
+@dataclass
+class Todo:
+    path: str   # relative to the kit / repository root
+    line: int   # 1-based line of the TODO in the kit's file
+    text: str
+
+
+def _marker_patterns(comment: str):
+    c = re.escape(comment)
+    begin = re.compile(rf"^(?P<indent>[ \t]*){c} BEGIN SOLUTION(?::[ \t]*(?P<text>.*?))?[ \t]*$")
+    end = re.compile(rf"^[ \t]*{c} END SOLUTION[ \t]*$")
+    stub = re.compile(rf"^[ \t]*{c} STUB: ?(?P<code>.*)$")
+    return begin, end, stub
+
+
+def comment_style(path: str | Path) -> str | None:
+    suffix = Path(path).suffix
+    if suffix in C_SUFFIXES:
+        return "//"
+    if suffix in PY_SUFFIXES:
+        return "#"
+    return None
+
+
+def find_regions(text: str, path: str = "<text>") -> list[tuple[int, int, str]]:
+    """(begin line, end line, TODO text) of every marked region, 0-based; raises on bad markers."""
+    style = comment_style(path)
+    if style is None:
+        return []
+    begin_re, end_re, _ = _marker_patterns(style)
+    regions, start, todo = [], None, ""
+    for n, line in enumerate(text.split("\n")):
+        if (m := begin_re.match(line)):
+            if start is not None:
+                raise StudentKitError(f"{path}:{n + 1}: BEGIN SOLUTION inside the region opened at line {start + 1}")
+            start, todo = n, (m.group("text") or "").strip() or DEFAULT_TODO
+        elif end_re.match(line):
+            if start is None:
+                raise StudentKitError(f"{path}:{n + 1}: END SOLUTION without a BEGIN SOLUTION")
+            regions.append((start, n, todo))
+            start = None
+    if start is not None:
+        raise StudentKitError(f"{path}:{start + 1}: BEGIN SOLUTION is never closed by END SOLUTION")
+    return regions
+
+
+def transform(text: str, path: str) -> tuple[str, list[Todo]]:
+    """The starter version of one file's text, and its TODOs (lines in the returned text)."""
+    style = comment_style(path)
+    regions = find_regions(text, path)
+    if not regions:
+        return text, []
+    begin_re, _, stub_re = _marker_patterns(style)
+    lines = text.split("\n")
+    out: list[str] = []
+    todos: list[Todo] = []
+    pos = 0
+    for start, end, todo in regions:
+        out.extend(lines[pos:start])
+        indent = begin_re.match(lines[start]).group("indent")
+        if style == "//":
+            out.append(f"{indent}// {TODO_TAG}: {todo}")
+        else:
+            out.append(f"{indent}raise NotImplementedError({f'{TODO_TAG}: {todo} - see {path}'!r})")
+        todos.append(Todo(path, len(out), todo))
+        for line in lines[start + 1:end]:
+            if (m := stub_re.match(line)):
+                out.append(f"{indent}{m.group('code')}")
+        pos = end + 1
+    out.extend(lines[pos:])
+    return "\n".join(out), todos
+
+
+def course_files(root: Path = REPO_ROOT) -> list[str]:
+    """The course's files relative to root: git's tracked and untracked-but-not-ignored files
+    (or, outside a git checkout, every file but build outputs and caches)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=root, capture_output=True, check=True).stdout.decode().split("\0")
+        files = [f for f in listed if f and (root / f).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "build", "__pycache__", ".pytest_cache", "gpu_results"}
+        files = [str(p.relative_to(root)) for p in root.rglob("*")
+                 if p.is_file() and not skip & set(p.relative_to(root).parts)]
+    return sorted(set(files) - set(EXCLUDED))
+
+
+def generate(out: str | Path, root: Path = REPO_ROOT) -> list[Todo]:
+    """Write the starter kit into `out` (created; must be empty or absent). Returns its TODOs."""
+    out = Path(out).resolve()
+    root = Path(root).resolve()
+    if out == root or out in root.parents:
+        raise StudentKitError(f"--out {out} would overwrite the course itself: pick another folder")
+    if out.exists() and any(out.iterdir()):
+        raise StudentKitError(f"--out {out} is not empty: pick a new folder or remove it first")
+    files = course_files(root)
+    todos: list[Todo] = []
+    for rel in files:
+        src, dst = root / rel, out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if comment_style(rel) is not None:
+            text = src.read_text()
+            new_text, file_todos = transform(text, rel)
+            if file_todos:
+                dst.write_text(new_text)
+                shutil.copymode(src, dst)
+                todos.extend(file_todos)
+                continue
+        shutil.copy2(src, dst)
+    if (out / "conftest.py").exists():
+        raise StudentKitError("the course has a root conftest.py: merge the kit's TODO hook into it")
+    (out / "conftest.py").write_text(KIT_CONFTEST)
+    (out / "TODO.md").write_text(todo_markdown(todos))
+    return todos
+
+
+def todo_markdown(todos: list[Todo]) -> str:
+    lines = ["# Student starter kit: what to write", "",
+             "Each item is a `TODO(student)` in the code: the solution's code was removed there, so the",
+             "phase's tests fail until you write it. Build with `make build` (or the phase's `load()`),",
+             "test with `python -m pytest PHASE_DIR` on a GPU. Delete a TODO line once you have written",
+             "its part: the failing tests list the TODOs still left in their phase.", ""]
+    current = None
+    for t in todos:
+        phase = t.path.split("/")[0]
+        if phase != current:
+            lines += ["", f"## {phase}", ""]
+            current = phase
+        lines.append(f"- [ ] `{t.path}:{t.line}` {t.text}")
+    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+def extension_packages_touched(todos: list[Todo], root: Path) -> list[str]:
+    """The extension packages (utils.build.EXTENSION_PACKAGES) whose sources hold a TODO."""
+    from utils.build import EXTENSION_PACKAGES
+
+    touched = []
+    for package in EXTENSION_PACKAGES:
+        module = root / package.replace(".", "/")
+        module_file = module / "__init__.py" if module.is_dir() else module.with_suffix(".py")
+        if not module_file.exists():
+            continue
+        folder = module_file.parent.relative_to(root).as_posix()
+        module_text = module_file.read_text()
+        for t in todos:
+            path = Path(t.path)
+            if path.parent.as_posix() != folder:
+                continue
+            # A .cu / .cpp belongs to the packages that list it; a header to every package beside it.
+            if path.suffix in (".cu", ".cpp", ".cc", ".c") and f'"{path.name}"' not in module_text:
+                continue
+            touched.append(package)
+            break
+    return touched
+
+
+# conftest.py of the kit: a failing test's report gets the TODOs still left in its phase.
+KIT_CONFTEST = r'''"""Student starter kit: a failing test's message lists the TODO(student) items left in its phase."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+CODE_SUFFIXES = {".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c", ".py"}
+
+
+def todos_in(folders):
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in CODE_SUFFIXES or path.name.startswith("test_") or not path.is_file():
+                continue
+            for n, line in enumerate(path.read_text(errors="ignore").splitlines(), 1):
+                if "TODO(student)" in line:
+                    text = line.split("TODO(student):", 1)[-1].strip()
+                    if "NotImplementedError(" in line:
+                        text = text[:-2]  # the string's closing quote and parenthesis
+                    found.append(f"  {path.relative_to(ROOT)}:{n}: {text}")
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    try:
+        top = Path(str(item.fspath)).resolve().relative_to(ROOT).parts[0]
+    except ValueError:  # a test from outside the kit (an instructor's hidden tests)
+        top = None
+    phases = sorted(p.name for p in ROOT.glob("phase*") if p.is_dir())
+    # final/ builds on every phase, and a test from elsewhere may test any: point at all of them.
+    folders = [top] if top in phases else phases if top in ("final", None) else []
+    left = todos_in(folders)
+    if not left:
+        return
+    title = "starter kit: TODO(student) still in the code this test exercises"
+    longrepr = report.longrepr
+    if hasattr(longrepr, "addsection"):
+        longrepr.addsection(title, "\n".join(left))
+        crash = getattr(longrepr, "reprcrash", None)
+        if crash is not None:  # the one-line summary (pytest -ra) names the first TODO too
+            first, _, rest = crash.message.partition("\n")
+            pointer = f"[{len(left)} TODO(student) left, first at {left[0].strip().split(': ')[0]}]"
+            crash.message = f"{first} {pointer}" + (f"\n{rest}" if rest else "")
+    else:
+        report.longrepr = f"{report.longreprtext}\n\n{title}:\n" + "\n".join(left)
+'''
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder to write the kit into (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        todos = generate(args.out)
+    except StudentKitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    files = sorted({t.path for t in todos})
+    print(f"starter kit in {Path(args.out).resolve()}: {len(todos)} TODOs in {len(files)} files "
+          f"(listed in TODO.md)")
+    for path in files:
+        print(f"  {path}: {sum(t.path == path for t in todos)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
