@@ -21,5 +21,8 @@ profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
 student:    ## write the student starter kit: make student OUT=DIR
 	$(PY) -m utils.student --out $(OUT)
 
+grade:      ## grade one phase (PHASE=N) or all; HIDDEN=DIR adds hidden tests; report in build/grade/
+	$(PY) -m utils.grade $(if $(PHASE),--phase $(PHASE),--all) $(if $(HIDDEN),--hidden-tests $(HIDDEN))
+
 clean:      ## remove build outputs (not results)
 	rm -rf build .pytest_cache
