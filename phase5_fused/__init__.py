@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from utils.build import op_loader
 from utils.checks import check_attention_inputs
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
@@ -27,20 +28,6 @@ KERNELS = ("fast", "teaching")
 # Tile configurations of the fast kernel per D (fused_fast.cu's header lists them); 0 = default.
 FAST_VARIANTS = {32: 1, 64: 2, 80: 1, 96: 1, 128: 2}
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_fast.cu"]
-
-_ops = None
-
-
-def load():
-    """Build (first time) and load the extension; returns torch.ops.phase5_fused."""
-    global _ops
-    if _ops is None:
-        from utils.build import load_phase
-
-        load_phase(Path(__file__).parent, "phase5_fused", SOURCES)
-        _register_fakes()
-        _ops = torch.ops.phase5_fused
-    return _ops
 
 
 def _register_fakes() -> None:
@@ -53,6 +40,9 @@ def _register_fakes() -> None:
 
     for name in ("attention_teaching", "attention_fast"):
         torch.library.register_fake(f"phase5_fused::{name}")(fake)
+
+
+load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:

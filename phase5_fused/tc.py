@@ -18,26 +18,13 @@ from pathlib import Path
 
 import torch
 
+from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
 SUPPORTED_D = (32, 64, 96, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-
-_ops = None
-
-
-def load():
-    """Build (once) and load the extension; returns torch.ops.phase5_fused_tc."""
-    global _ops
-    if _ops is None:
-        from utils.build import load_phase
-
-        load_phase(Path(__file__).parent, NAME, SOURCES)
-        _register_fakes()
-        _ops = getattr(torch.ops, NAME)
-    return _ops
 
 
 def _register_fakes() -> None:
@@ -50,6 +37,9 @@ def _register_fakes() -> None:
     @torch.library.register_fake(f"{NAME}::attention_out")
     def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out):
         return None
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:

@@ -20,26 +20,13 @@ from pathlib import Path
 
 import torch
 
+from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
 SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu"]
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
-
-_ops = None
-
-
-def load():
-    """Build (first time) and load the extension; returns torch.ops.phase6_layernorm_mlp."""
-    global _ops
-    if _ops is None:
-        from utils.build import load_phase
-
-        load_phase(Path(__file__).parent, NAME, SOURCES)
-        _register_fakes()
-        _ops = getattr(torch.ops, NAME)
-    return _ops
 
 
 def _register_fakes() -> None:
@@ -60,6 +47,9 @@ def _register_fakes() -> None:
     @torch.library.register_fake(f"{NAME}::linear")
     def _(x, weight, bias, activation, residual):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -189,6 +190,23 @@ def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bo
             is_python_module=False,
             verbose=verbose,
         )
+
+
+def op_loader(phase_dir: str | Path, name: str, sources: list[str], register_fakes=None):
+    """A phase package's load(): the first call builds and loads the extension and registers the
+    ops' fake implementations (register_fakes, for torch.compile); every call returns torch.ops.<name>.
+    Importing the package builds nothing."""
+
+    @functools.cache
+    def load():
+        import torch
+
+        load_phase(phase_dir, name, sources)
+        if register_fakes is not None:
+            register_fakes()
+        return getattr(torch.ops, name)
+
+    return load
 
 
 def _library_header_dirs() -> list[str]:

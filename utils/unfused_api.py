@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor, check_mask
 
 MAX_HEAD_DIM = 128
@@ -31,18 +32,8 @@ class UnfusedAttention:
     """matmul_qk / softmax / matmul_av / attention over the ops of torch.ops.<name>."""
 
     def __init__(self, name: str, folder: Path, sources: list[str]):
-        self.name, self.folder, self.sources = name, Path(folder), sources
-        self._ops = None
-
-    def load(self):
-        """Build (first time) and load the extension; returns torch.ops.<name>."""
-        if self._ops is None:
-            from utils.build import load_phase
-
-            load_phase(self.folder, self.name, self.sources)
-            self._register_fakes()
-            self._ops = getattr(torch.ops, self.name)
-        return self._ops
+        self.name = name
+        self.load = op_loader(folder, name, sources, self._register_fakes)
 
     def _check_head_dim(self, D: int, where: str) -> None:
         if not supported_head_dim(D):
