@@ -415,11 +415,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-figures", action="store_true", help="use the figures already in OUT/visualizations")
     args = parser.parse_args(argv)
     for path in generate(args.out, figures=not args.no_figures):
-        try:
-            shown = path.resolve().relative_to(REPO_ROOT)
-        except ValueError:
-            shown = path
-        print(f"wrote {shown}")
+        print(f"wrote {viz.display_path(path)}")
     return 0
 
 

@@ -682,16 +682,20 @@ def render_all(out_dir: Path = DEFAULT_OUT, root: Path = REPO_ROOT) -> list[Path
     return written
 
 
+def display_path(path: Path) -> Path:
+    """path relative to the repository when it lies inside it (for printing)."""
+    try:
+        return path.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        return path
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Draw the final figures from the committed results")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the PNGs (default final/visualizations)")
     args = parser.parse_args(argv)
     for path in render_all(args.out):
-        try:
-            shown = path.resolve().relative_to(REPO_ROOT)
-        except ValueError:
-            shown = path
-        print(f"wrote {shown}")
+        print(f"wrote {display_path(path)}")
     return 0
 
 

@@ -11,20 +11,9 @@ import torch
 import phase2_naive as ph
 from utils import reference
 from utils.testing import (assert_close, poisoned_call, random_additive_mask, random_bool_mask,
-                           random_qkv, randn, rel_error, requires_gpu, shape_ids)
+                           random_qkv, randn, rel_error, requires_gpu, shape_ids, UNFUSED_SHAPES)
 
-# (B, H, Sq, Sk, D): S in {1, 17, 127, 128, 1000, 1024}, Sq != Sk both ways, D in {32, 64, 80, 128}.
-SHAPES = [
-    (1, 1, 1, 1, 32),
-    (2, 3, 17, 17, 64),
-    (1, 2, 127, 128, 80),
-    (2, 1, 128, 127, 128),
-    (1, 2, 17, 1000, 32),
-    (1, 1, 1000, 17, 64),
-    (1, 2, 1000, 1000, 80),
-    (2, 2, 1024, 1024, 64),
-    (1, 1, 1024, 1024, 128),
-]
+SHAPES = UNFUSED_SHAPES
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,23 +12,11 @@ import torch
 import phase3_tiled as ph
 from utils import reference
 from utils.testing import (assert_close, poisoned_call, random_additive_mask, random_bool_mask,
-                           random_qkv, randn, rel_error, requires_gpu, shape_ids)
+                           random_qkv, randn, rel_error, requires_gpu, shape_ids, UNFUSED_SHAPES)
 
 TILES = ph.TILES
 
-# (B, H, Sq, Sk, D): S in {1, 17, 127, 128, 1000, 1024}, Sq != Sk both ways, D in {32, 64, 80, 128}
-# (no S and no D below is a multiple of every tile; 17 and 80 are multiples of none or some).
-SHAPES = [
-    (1, 1, 1, 1, 32),
-    (2, 3, 17, 17, 64),
-    (1, 2, 127, 128, 80),
-    (2, 1, 128, 127, 128),
-    (1, 2, 17, 1000, 32),
-    (1, 1, 1000, 17, 64),
-    (1, 2, 1000, 1000, 80),
-    (2, 2, 1024, 1024, 64),
-    (1, 1, 1024, 1024, 128),
-]
+SHAPES = UNFUSED_SHAPES
 
 
 # ------------------------------------------------------------------------------------------------

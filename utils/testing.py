@@ -95,6 +95,21 @@ def poisoned_call(fn, *shapes):
     return fn()
 
 
+# (B, H, Sq, Sk, D) for the three-kernel phases: S in {1, 17, 127, 128, 1000, 1024}, Sq != Sk both
+# ways, D in {32, 64, 80, 128}; no S and no D is a multiple of every tile.
+UNFUSED_SHAPES = [
+    (1, 1, 1, 1, 32),
+    (2, 3, 17, 17, 64),
+    (1, 2, 127, 128, 80),
+    (2, 1, 128, 127, 128),
+    (1, 2, 17, 1000, 32),
+    (1, 1, 1000, 17, 64),
+    (1, 2, 1000, 1000, 80),
+    (2, 2, 1024, 1024, 64),
+    (1, 1, 1024, 1024, 128),
+]
+
+
 def shape_ids(shapes) -> list[str]:
     """pytest ids for (B, H, Sq, Sk, D) shapes."""
     return ["B{}H{}Sq{}Sk{}D{}".format(*s) for s in shapes]
