@@ -25,8 +25,10 @@ from utils.checks import check_attention_inputs
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
 KERNELS = ("fast", "teaching")
-# Tile configurations of the fast kernel per D (fused_fast.cu's header lists them); 0 = default.
-FAST_VARIANTS = {32: 1, 64: 2, 80: 1, 96: 1, 128: 2}
+# Tile configurations (Br x Bc) of the fast kernel per D, in variant order (fused_fast.cu's
+# launch_fast); variant 0 is the default.
+FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x64",), 128: ("64x64", "64x32")}
+FAST_VARIANTS = {D: len(tiles) for D, tiles in FAST_TILES.items()}
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_fast.cu"]
 
 

@@ -24,8 +24,9 @@
 //
 // Tile configurations (template instances), per D; variant 0 is the default:
 //   D=32:  Br=64, Bc=64             D=80: Br=64, Bc=64           D=96: Br=64, Bc=64
-//   D=64:  v0 Br=64, Bc=64 (2 blocks/SM)    v1 Br=128, Bc=64 (2 blocks/SM, ~100 B of spills)
-//   D=128: v0 Br=64, Bc=32 (2 blocks/SM)    v1 Br=64,  Bc=64 (1 block/SM, 200 registers)
+//   D=64:  v0 Br=128, Bc=64 (2 blocks/SM, ~100 B of spills)   v1 Br=64, Bc=64 (2 blocks/SM)
+//   D=128: v0 Br=64,  Bc=64 (1 block/SM, 200 registers)       v1 Br=64, Bc=32 (2 blocks/SM)
+// The defaults are the variants that won at S=4096 in the committed run (run.py's variant rows).
 // The loops along D and Bc are unrolled by 4 steps, not fully: full unrolling hoisted so many
 // shared-memory loads that Br=128 spilled 308 bytes (ptxas -v, CUDA 13.0); now 0-104 bytes.
 // run.py times every variant at S=4096 and records which one wins.
@@ -381,13 +382,13 @@ void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream) 
     // <D, Br, Bc, blocks per SM the registers are sized for>
     case 32: return launch_config<32, 64, 64, 2>(p, stream);
     case 64:
-      return variant == 0 ? launch_config<64, 64, 64, 2>(p, stream)
-                          : launch_config<64, 128, 64, 2>(p, stream);
+      return variant == 0 ? launch_config<64, 128, 64, 2>(p, stream)
+                          : launch_config<64, 64, 64, 2>(p, stream);
     case 80: return launch_config<80, 64, 64, 2>(p, stream);
     case 96: return launch_config<96, 64, 64, 2>(p, stream);
     case 128:
-      return variant == 0 ? launch_config<128, 64, 32, 2>(p, stream)
-                          : launch_config<128, 64, 64, 1>(p, stream);
+      return variant == 0 ? launch_config<128, 64, 64, 1>(p, stream)
+                          : launch_config<128, 64, 32, 2>(p, stream);
     default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported (32, 64, 80, 96, 128)");
   }
 }
