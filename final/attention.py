@@ -141,8 +141,8 @@ def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
     whatever the mode. Works on CPU, meta and fake tensors and under torch.compile."""
     if k is not None and v is not None:
         _check_inputs(q, k, v, mask, stride)
-    return [m for m in (*AUTO_ORDER, "reference")
-            if MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride) is None]
+    D = int(q.shape[-1])  # a plain int under torch.compile too (specializes on D)
+    return [m for m in (*AUTO_ORDER, "reference") if MODE_INFO[m].rejects(q.device.type, q.dtype, D, stride) is None]
 
 
 def resolve_mode(mode: str, q, k, v, mask=None, stride=None) -> str:

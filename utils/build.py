@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import functools
 import os
 import re
 import shutil
@@ -192,19 +191,33 @@ def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bo
         )
 
 
+# Extension name -> torch.ops.<name>, for every extension op_loader has loaded in this process.
+LOADED_OPS: dict = {}
+
+
 def op_loader(phase_dir: str | Path, name: str, sources: list[str], register_fakes=None):
     """A phase package's load(): the first call builds and loads the extension and registers the
     ops' fake implementations (register_fakes, for torch.compile); every call returns torch.ops.<name>.
-    Importing the package builds nothing."""
+    Importing the package builds nothing (LOADED_OPS stays without the name).
 
-    @functools.cache
-    def load():
-        import torch
+    torch.compile traces load() as a dict lookup; the build itself cannot be traced, so it is marked
+    assume_constant_result: the compiler runs it eagerly, once, when it first meets it."""
+    import torch
 
+    @torch.compiler.assume_constant_result
+    def build_and_register() -> bool:
         load_phase(phase_dir, name, sources)
         if register_fakes is not None:
             register_fakes()
-        return getattr(torch.ops, name)
+        LOADED_OPS[name] = getattr(torch.ops, name)
+        return True
+
+    def load():
+        ops = LOADED_OPS.get(name)
+        if ops is None:
+            build_and_register()
+            ops = getattr(torch.ops, name)
+        return ops
 
     return load
 

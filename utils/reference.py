@@ -111,10 +111,12 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
 def gelu(x, approximate: str = "none"):
     """GELU in float64: 'none' is the exact erf form, 'tanh' the tanh approximation."""
     x64 = x.detach().to(torch.float64)
+    # Written without 1 + tanh(u) or 1 + erf(z), which cancel for large negative x (at x = -7 the
+    # float64 1 + tanh(u) form is 0.7% off): 0.5 (1 + tanh(u)) = sigmoid(2u), 1 + erf(z) = erfc(-z).
     if approximate == "tanh":
-        return 0.5 * x64 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+        return x64 * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3))
     if approximate == "none":
-        return 0.5 * x64 * (1.0 + torch.erf(x64 / math.sqrt(2.0)))
+        return 0.5 * x64 * torch.special.erfc(-x64 / math.sqrt(2.0))
     raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
