@@ -164,7 +164,7 @@ def run_ncu() -> dict:
 
     try:
         records = profile_python(["phase5_fused.run_tc", "--profile-target"], NCU_REGEX,
-                                 launch_count=len(PROFILE_CALLS), timeout=300)
+                                 launch_count=len(PROFILE_CALLS), timeout=300, stalls=True)
     except NcuUnavailable as exc:
         print(f"ncu unavailable: {exc}", flush=True)
         return {"ncu_unavailable": str(exc)}

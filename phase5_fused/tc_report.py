@@ -19,6 +19,7 @@ from pathlib import Path
 
 from phase5_fused import run_tc as rt
 from utils.readme import CHECKLIST_BEGIN, CHECKLIST_END, env_line, fmt, replace_between, update_readme
+from utils.ncu import top_stalls
 from utils.roofline import attention_bytes
 
 README = Path(__file__).resolve().parent / "README_tensor_cores.md"
@@ -290,6 +291,14 @@ def ncu_table(doc: dict) -> list[str]:
         ("DRAM % of peak", lambda r, x, D, o: num(r.get("dram_pct"))),
         ("L2 MB", lambda r, x, D, o: num(r.get("l2_bytes"), 1e-6)),
     ]
+    if any(k.startswith("stall_") for _, r, _, _ in cols for k in r):
+        spec += [
+            ("issue slots busy %", lambda r, x, D, o: num(r.get("issue_active_pct"))),
+            ("tensor pipe busy %", lambda r, x, D, o: num(r.get("pipe_tensor_pct"))),
+            ("FMA pipe busy %", lambda r, x, D, o: num(r.get("pipe_fma_pct"))),
+            ("top stalls (% of active warp-cycles)",
+             lambda r, x, D, o: ", ".join(f"{n} {v:.0f}" for n, v in top_stalls(r)) or "–"),
+        ]
     lines = ["| | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for title, f in spec:
         lines.append(f"| {title} | " + " | ".join(f(r, x, D, o) for (_, r, D, o), x in zip(cols, d)) + " |")

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from utils.readme import CHECKLIST_BEGIN, CHECKLIST_END, env_line, fmt, replace_between, update_readme
+from utils.ncu import stall_summary
 from phase6_layernorm_mlp import run as P
 
 README = P.PHASE_DIR / "README.md"
@@ -307,10 +308,17 @@ def mlp_gap(doc) -> list[str]:
         f"- **Waves.** At {BLOCKS_PER_SM} blocks per SM there are {slots} block slots: linear1 has "
         f"{blocks['linear1']} blocks of {TILE_M} × {TILE_N} ({fmt(blocks['linear1'] / slots)} waves), linear2 "
         f"{blocks['linear2']} ({fmt(blocks['linear2'] / slots)} wave, each block a {o2['K']}-long k loop).",
-        "",
-        "The results hold no stall breakdown, so which instructions hold the FFMAs back (shared-memory loads, "
-        "the per-slice `__syncthreads`, address arithmetic) is not measured here; an ncu run with "
-        "`--section WarpStateStats` would show it (and exercise 5 tries other tile shapes for linear2).", ""]
+        ""]
+    if any(k.startswith("stall_") for k in k1):
+        lines += ["What holds the FFMAs back, from ncu's warp-state counters (share of active warp-cycles stalled "
+                  "for each reason; exercise 5 tries other tile shapes for linear2):", ""]
+        lines += [f"- {label}: {stall_summary(k)}" for label, k in
+                  (("ours, linear1", k1), ("ours, linear2", k2), ("cuBLAS, linear1", kc))]
+        lines.append("")
+    else:
+        lines += ["The results hold no stall breakdown, so which instructions hold the FFMAs back (shared-memory "
+                  "loads, the per-slice `__syncthreads`, address arithmetic) is not measured here (exercise 5 "
+                  "tries other tile shapes for linear2).", ""]
     return lines
 
 
@@ -427,7 +435,10 @@ def ncu_section(doc) -> list[str]:
             f"{fmt(r['l2_bytes'] / 1e6)} | {fmt(r['l1_bytes'] / 1e6)} | {fmt(r['occupancy_pct'])} | "
             f"{fmt(r['registers'])} | {fmt(r['smem_ld_conflicts'])} / {fmt(r['smem_st_conflicts'])} | "
             f"{fmt(r['ffma'] / 1e9)} | {fmt(r['fp32_GFLOPs'] / 1e3)} | {fmt(r['sm_pct'])} |")
-    return lines + [""]
+    lines.append("")
+    if any(k.startswith("stall_") for r in records for k in r):
+        lines += ["Warp states (ncu):", ""] + [f"- {r['impl']}: {stall_summary(r)}" for r in records] + [""]
+    return lines
 
 
 def results_lines(doc) -> list[str]:

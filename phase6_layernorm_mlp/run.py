@@ -230,7 +230,7 @@ def run_ncu(notes: list[str]) -> list[dict]:
 
     try:
         records = profile_python(["phase6_layernorm_mlp.run", "--profile-target", "all"],
-                                 kernel_regex=NCU_REGEX, launch_count=8)
+                                 kernel_regex=NCU_REGEX, launch_count=8, stalls=True)
     except (NcuUnavailable, OSError) as exc:
         notes.append(f"ncu unavailable: {str(exc).splitlines()[0]}")
         print(notes[-1], flush=True)

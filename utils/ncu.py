@@ -40,6 +40,22 @@ METRICS = {
     "clock_hz": "sm__cycles_elapsed.avg.per_second",
 }
 
+# Why warps wait (profile(..., stalls=True)): the share of active warps stalled for each reason
+# (in % of active warp-cycles), how often a scheduler issues,
+# and how busy the FMA and tensor pipes are. The reasons a kernel student meets first:
+# long_scoreboard = waiting for global/local memory, short_scoreboard = shared memory or MUFU,
+# mio_throttle = the shared-memory instruction queue is full, math_pipe_throttle = the pipe is busy,
+# barrier = __syncthreads, wait = fixed-latency dependencies, not_selected = eligible but another
+# warp issued (a healthy sign).
+STALL_REASONS = ("long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "barrier", "wait",
+                 "not_selected", "selected", "lg_throttle", "dispatch_stall", "no_instruction", "branch_resolving")
+STALL_METRICS = {
+    **{f"stall_{r}": f"smsp__warp_issue_stalled_{r}_per_warp_active.pct" for r in STALL_REASONS},
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "pipe_fma_pct": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "pipe_tensor_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+}
+
 
 class NcuUnavailable(RuntimeError):
     """ncu is missing or may not read the GPU's counters; the message says which."""
@@ -70,7 +86,7 @@ def parse_csv(text: str) -> list[dict]:
     for row in body:
         raw = dict(zip(header, row))
         record = {"kernel": raw.get("Kernel Name", ""), "id": raw.get("ID", "")}
-        for short, metric in METRICS.items():
+        for short, metric in {**METRICS, **STALL_METRICS}.items():
             if metric in raw:
                 record[short] = _number(raw[metric])
         _derive(record)
@@ -111,13 +127,28 @@ def profiled_region():
 
 
 def profile(command: list[str], kernel_regex: str | None = None, launch_count: int = 50,
-            launch_skip: int = 0, timeout: float = 600, from_start: bool = True) -> list[dict]:
+            launch_skip: int = 0, timeout: float = 600, from_start: bool = True, stalls: bool = False) -> list[dict]:
     """Profile the kernels `command` launches (optionally only names matching kernel_regex; with
-    from_start=False only those inside the target's profiled_region())."""
+    from_start=False only those inside the target's profiled_region()). stalls=True adds
+    STALL_METRICS; if this ncu rejects one of them, the profile is taken without them and every
+    record says so under "stalls_unavailable"."""
+    try:
+        return _run_ncu(command, {**METRICS, **STALL_METRICS} if stalls else METRICS, kernel_regex,
+                        launch_count, launch_skip, timeout, from_start)
+    except NcuUnavailable as exc:
+        if not stalls or "ERR_NVGPUCTRPERM" in str(exc):
+            raise
+        records = _run_ncu(command, METRICS, kernel_regex, launch_count, launch_skip, timeout, from_start)
+        for r in records:
+            r["stalls_unavailable"] = str(exc).splitlines()[-1][:200]
+        return records
+
+
+def _run_ncu(command, metrics: dict, kernel_regex, launch_count, launch_skip, timeout, from_start) -> list[dict]:
     ncu = find_ncu()
     args = [ncu, "--clock-control", "none", "--csv", "--page", "raw",
             "--profile-from-start", "on" if from_start else "off",
-            "--metrics", ",".join(METRICS.values()),
+            "--metrics", ",".join(metrics.values()),
             "--launch-count", str(launch_count), "--launch-skip", str(launch_skip)]
     if kernel_regex:
         args += ["--kernel-name", f"regex:{kernel_regex}"]
@@ -133,6 +164,28 @@ def profile(command: list[str], kernel_regex: str | None = None, launch_count: i
         tail = "\n".join(output.strip().splitlines()[-15:])
         raise NcuUnavailable(f"ncu produced no kernel records (exit {proc.returncode}):\n{tail}")
     return records
+
+
+def top_stalls(record: dict, count: int = 3) -> list[tuple[str, float]]:
+    """The `count` largest stall reasons of a record (name, % of active warps), "selected" excluded."""
+    stalls = [(k[len("stall_"):], v) for k, v in record.items()
+              if k.startswith("stall_") and k != "stall_selected" and isinstance(v, (int, float))]
+    return sorted(stalls, key=lambda kv: -kv[1])[:count]
+
+
+def stall_summary(record: dict) -> str:
+    """One line for a README: issue rate, pipes, and the top stall reasons."""
+    if "stalls_unavailable" in record:
+        return f"stall counters unavailable ({record['stalls_unavailable']})"
+    parts = []
+    for key, label in (("issue_active_pct", "issue slots busy"), ("pipe_fma_pct", "FMA pipe"),
+                       ("pipe_tensor_pct", "tensor pipe")):
+        if record.get(key) is not None:
+            parts.append(f"{label} {record[key]:.0f}%")
+    stalls = top_stalls(record)
+    if stalls:
+        parts.append("top stalls (% of active warps): " + ", ".join(f"{n} {v:.0f}" for n, v in stalls))
+    return "; ".join(parts) if parts else "no stall counters in this profile"
 
 
 def profile_python(module_and_args: list[str], kernel_regex: str | None = None, **kwargs) -> list[dict]:

@@ -26,3 +26,22 @@ def test_parse_csv_without_rows():
 def test_summarize_has_one_line_per_kernel():
     text = ncu.summarize(ncu.parse_csv(SAMPLE))
     assert len(text.splitlines()) == 2 and "naive_qk_kernel" in text
+
+
+STALL_SAMPLE = '''"ID","Kernel Name","gpu__time_duration.sum","smsp__warp_issue_stalled_barrier_per_warp_active.pct","smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct","smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct","smsp__warp_issue_stalled_wait_per_warp_active.pct","smsp__warp_issue_stalled_selected_per_warp_active.pct","smsp__issue_active.avg.pct_of_peak_sustained_active"
+"","","nsecond","%","%","%","%","%","%"
+"0","linear_kernel","1,000","12.5","40.25","3","7","90","61.5"
+'''
+
+
+def test_stall_counters_are_parsed_and_ranked():
+    (r,) = ncu.parse_csv(STALL_SAMPLE)
+    assert r["stall_long_scoreboard"] == 40.25 and r["issue_active_pct"] == 61.5
+    assert ncu.top_stalls(r, 2) == [("long_scoreboard", 40.25), ("barrier", 12.5)]  # "selected" is no stall
+    line = ncu.stall_summary(r)
+    assert line.startswith("issue slots busy 62%") and "long_scoreboard 40, barrier 12, wait 7" in line
+
+
+def test_stall_summary_says_when_counters_are_missing():
+    assert ncu.stall_summary({"stalls_unavailable": "unknown metric"}).startswith("stall counters unavailable")
+    assert ncu.stall_summary({"time_ns": 1.0}) == "no stall counters in this profile"
