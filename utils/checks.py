@@ -32,6 +32,7 @@ def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float3
     if k.device != q.device or v.device != q.device:
         raise ValueError("k and v must be on q's device")
     B, H, Sq, D = q.shape
+    D = int(D)  # the kernels are compiled per D: a plain int under torch.compile too (specializes on D)
     Sk = k.shape[2]
     if k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
