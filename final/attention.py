@@ -48,7 +48,7 @@ import phase4_coalesced
 import phase5_fused
 from phase5_fused import tc
 from utils import reference
-from utils.checks import check_mask
+from utils.checks import check_mask, dim_in
 
 MODES = ("reference", "naive", "tiled", "coalesced", "fused", "fused_tc")
 AUTO_ORDER = ("fused_tc", "fused", "coalesced", "tiled", "naive")
@@ -75,7 +75,7 @@ class ModeInfo:
             return f"needs CUDA tensors (got {device_type})"
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"needs {'/'.join(_dt(d) for d in self.dtypes)} (got {_dt(dtype)})"
-        if self.head_dims is not None and D not in self.head_dims:
+        if self.head_dims is not None and not dim_in(D, self.head_dims):
             return f"needs D in {_dims(self.head_dims)} (got {D})"
         if stride is not None and stride != 1 and not self.stride:
             return "has no stride support"
@@ -141,8 +141,8 @@ def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
     whatever the mode. Works on CPU, meta and fake tensors and under torch.compile."""
     if k is not None and v is not None:
         _check_inputs(q, k, v, mask, stride)
-    D = int(q.shape[-1])  # a plain int under torch.compile too (specializes on D)
-    return [m for m in (*AUTO_ORDER, "reference") if MODE_INFO[m].rejects(q.device.type, q.dtype, D, stride) is None]
+    return [m for m in (*AUTO_ORDER, "reference")
+            if MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride) is None]
 
 
 def resolve_mode(mode: str, q, k, v, mask=None, stride=None) -> str:

@@ -220,6 +220,13 @@ def test_cuda_attention_module_traces_fullgraph_on_cpu():
     assert torch.allclose(compiled(q, k, v, mask), mod(q, k, v, mask))
 
 
+def test_mode_dispatch_traces_with_a_symbolic_head_dim():
+    """supported_modes decides every mode's head-dim rule for a symbolic D (dynamic=True)."""
+    fn = torch.compile(lambda q: supported_modes(q), fullgraph=True, backend="eager", dynamic=True)
+    for D in (64, 80, 33):
+        assert fn(torch.empty(1, 2, 3, D)) == supported_modes(torch.empty(1, 2, 3, D))
+
+
 # ------------------------------------------------------------------------------------------------
 # OptimizedTransformer: structure on CPU (its forward needs the CUDA kernels)
 
@@ -377,7 +384,8 @@ def test_gpt2_layout_on_cuda():
 def test_cuda_attention_compiles_fullgraph(mode, dtype, backend):
     q, k, v = random_qkv(2, 2, 70, 70, 64, dtype=dtype)
     mod = CUDAAttention(mode=mode, is_causal=True)
-    compiled = torch.compile(mod, fullgraph=True, backend=backend)
+    # Static shapes: each kernel is compiled per D, so the graph specializes on the input shapes.
+    compiled = torch.compile(mod, fullgraph=True, backend=backend, dynamic=False)
     assert_close(compiled(q, k, v), reference.attention(q, k, v, is_causal=True), dtype=dtype)
 
 

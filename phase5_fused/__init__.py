@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs
+from utils.checks import check_attention_inputs, dim_in
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
 KERNELS = ("fast", "teaching")
@@ -60,10 +60,11 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=(torch.float32,),
-        supported_d=lambda d: d in SUPPORTED_D, key_lengths=key_lengths)
+        supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths)
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not isinstance(variant, int) or not 0 <= variant < FAST_VARIANTS[D]:
+    # (FAST_VARIANTS[D] is looked up only for a variant > 0: D may be symbolic under torch.compile)
+    if not isinstance(variant, int) or variant < 0 or (variant > 0 and variant >= FAST_VARIANTS[D]):
         raise ValueError(f"variant must be in [0, {FAST_VARIANTS[D]}) for D={D}, got {variant!r}")
     if not torch.compiler.is_compiling():  # traced tensors have no data pointer
         q, k, v = _aligned(q), _aligned(k), _aligned(v)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, check_cuda_tensor
+from utils.checks import check_attention_inputs, dim_in, check_cuda_tensor
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
@@ -58,7 +58,7 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     are padding. out: optional contiguous output tensor shaped like q (written in place).
     """
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: d in SUPPORTED_D, key_lengths=key_lengths)
+        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if scale is None:

@@ -21,6 +21,14 @@ def check_cuda_tensor(x, name: str, dtypes: tuple[torch.dtype, ...], dim: int | 
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
 
 
+def dim_in(D, dims) -> bool:
+    """D in dims (a tuple or a range), written as comparisons so that torch.compile can decide it
+    for a symbolic D too (`D in (64, 128)` on a SymInt fails to trace on torch 2.11)."""
+    if isinstance(dims, range):
+        return dims.start <= D < dims.stop
+    return any(D == d for d in dims)
+
+
 def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float32,),
                            supported_d=None, key_lengths=None):
     """Validate q [B,H,Sq,D], k/v [B,H,Sk,D], optional mask broadcastable to [B,H,Sq,Sk], stride,
@@ -32,7 +40,6 @@ def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float3
     if k.device != q.device or v.device != q.device:
         raise ValueError("k and v must be on q's device")
     B, H, Sq, D = q.shape
-    D = int(D)  # the kernels are compiled per D: a plain int under torch.compile too (specializes on D)
     Sk = k.shape[2]
     if k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
