@@ -377,17 +377,16 @@ def main(argv=None) -> int:
     parser.add_argument("--render", action="store_true",
                         help="only regenerate final/README.md's measured section from the results file")
     args = parser.parse_args(argv)
-    if args.render:
+    if args.render or not torch.cuda.is_available():
         from utils.results import read_results
 
+        if not args.render:
+            print("final.benchmark: no CUDA GPU visible, nothing measured (the committed final/results are unchanged)")
         if not args.out.exists():
-            print(f"final.benchmark --render: no {args.out} yet, nothing to render")
+            print(f"final.benchmark: no {args.out.name} yet, nothing to render")
             return 0
         render(read_results(args.out))
-        print(f"rendered final/README.md from {args.out}")
-        return 0
-    if not torch.cuda.is_available():
-        print("final.benchmark: no CUDA GPU visible, nothing measured (the committed final/results are unchanged)")
+        print(f"rendered final/README.md from {args.out.name}")
         return 0
     from utils.results import read_results, write_results
 

@@ -284,12 +284,12 @@ def test_benchmark_targets_from_rows():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_benchmark_without_gpu_says_so_and_exits_0(capsys):
+def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
     from final import benchmark as bm
 
-    assert bm.main([]) == 0
+    assert bm.main(["--out", str(tmp_path / "metrics.json")]) == 0  # no results there: nothing rendered
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "no CUDA GPU" in out[0]
+    assert len(out) == 2 and "no CUDA GPU" in out[0] and "nothing to render" in out[1]
 
 
 # ------------------------------------------------------------------------------------------------
