@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from utils import gpu_checks
 from utils.readme import CHECKLIST_BEGIN, CHECKLIST_END, env_line, fmt, replace_between, update_readme
 from utils.results import select
 
@@ -467,10 +468,7 @@ def checklist_lines(doc: dict, targets: dict) -> list[str]:
         return "not measured" if t is None else f"{'met' if t['met'] else 'NOT met'}, {t['speedup']:.2f}×"
 
     return [
-        "- [ ] All tests pass on the H100 (`python -m pytest phase4_coalesced -q`), well under a minute: "
-        "not recorded in the results files; run them on the GPU.",
-        "- [ ] `python -m utils.sanitize phase4_coalesced`: memcheck and racecheck clean: not recorded in the "
-        "results files; run it on the GPU.",
+        *gpu_checks.checklist_lines("phase4_coalesced/README.md"),
         f"- {box(bool(t3 and t3['met']))} At S = 4096, D = 64: attention at least 1.3× the speed of "
         f"phase3_tiled_t16 ({met(t3)}).",
         f"- {box(bool(tn and tn['met']))} At S = 4096, D = 64: attention at least 0.8× torch_naive ({met(tn)}).",

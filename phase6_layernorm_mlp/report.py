@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from utils.readme import CHECKLIST_BEGIN, CHECKLIST_END, env_line, fmt, replace_between, update_readme
+from utils import gpu_checks
 from utils.ncu import stall_summary
 from phase6_layernorm_mlp import run as P
 
@@ -462,11 +463,7 @@ def checklist_lines(doc) -> list[str]:
     unprofiled = [tuple(int(v) for v in key.split("x")) for key, ok in t["layer_norm_ge_90pct_copy"].items()
                   if not ok and tuple(int(v) for v in key.split("x")) != profiled]
     return [
-        "- [ ] `pytest phase6_layernorm_mlp` passes on the H100 (hidden 1 … 40000, rows 1 … 65536, FP32 /",
-        "      FP16 / BF16, unaligned views, mean-1e4 rows, MLP shapes off every tile, bad inputs). Not yet:",
-        "      the GPU run found a GELU error on a large negative input; the fixed GELU has not run on a GPU",
-        "      (see Caveats).",
-        "- [ ] `python -m utils.sanitize phase6_layernorm_mlp`: memcheck and racecheck clean.",
+        *gpu_checks.checklist_lines("phase6_layernorm_mlp/README.md"),
         f"- {box('H100' in gpu)} results/metrics.json and the plots from one H100 run, committed"
         + ("." if "H100" in gpu else f" (the committed run is on {gpu})."),
         f"- {box(ln_ok)} LayerNorm ≥ {pct(P.TARGET_FRAC_COPY, 0)} of the copy bandwidth and at least torch's "

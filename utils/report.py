@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from utils import gpu_checks
 from utils.build import REPO_ROOT
 from utils.readme import env_line, fmt, update_readme
 from utils.results import read_results
@@ -84,7 +85,7 @@ def main() -> int:
     update_readme(REPO_ROOT / "README.md", readme_lines(), source="the phases' results files",
                   script="utils/report.py")
     print("README.md results table regenerated from the results files")
-    return 0
+    return gpu_checks.main()
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 `python -m utils.sanitize phase2_naive [phase5_fused.tc_sanitize_cases ...]` runs each tool on
 `python -m <phase>.sanitize_cases` (or on the module named), a small module in the phase that calls
 every kernel once on awkward sizes (S not a multiple of any tile, Sq != Sk, masks, causal). Exit code 1 if any tool
-reports an error; the summary line of each run is printed.
+reports an error; the summary line of each run is printed. A run over every module (no names given)
+on a GPU is recorded, with the environment stamp, in utils/results/sanitize.json (utils.gpu_checks
+reads it for the phase READMEs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +21,7 @@ from pathlib import Path
 from utils.build import REPO_ROOT
 
 TOOLS = ("memcheck", "racecheck")
+RECORD = REPO_ROOT / "utils" / "results" / "sanitize.json"
 
 
 def find_sanitizer() -> str | None:
@@ -64,13 +68,26 @@ def main(argv=None) -> int:
     if sanitizer is None:
         print("compute-sanitizer not found: it ships with the CUDA toolkit (bin/compute-sanitizer)")
         return 1
-    all_ok = True
+    runs = []
     for phase in args.phases or discover():
         for tool in args.tools:
             ok, detail = run_tool(sanitizer, tool, phase)
-            all_ok &= ok
+            runs.append({"module": target_module(phase), "tool": tool, "clean": ok, "summary": detail.splitlines()[0]})
             print(f"{phase:<22} {tool:<10} {'clean' if ok else 'ERRORS'}: {detail}", flush=True)
-    return 0 if all_ok else 1
+    if not args.phases and set(args.tools) == set(TOOLS):
+        record(runs)
+    return 0 if all(r["clean"] for r in runs) else 1
+
+
+def record(runs: list[dict], path: Path = RECORD) -> None:
+    """Keep a complete run (every module, both tools) with the environment stamp, on a GPU only."""
+    import torch
+
+    from utils.results import env_stamp
+
+    if torch.cuda.is_available():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"env": env_stamp(), "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""The test and sanitizer checklist lines, generated from the GPU-run records (CPU only)."""
+
+from utils import gpu_checks
+
+ENV = {"gpu": "GPU X", "commit": "abc1234", "date": "2026-01-02T03:04:05+00:00"}
+
+
+def _grade(*outcomes, gpu=True):
+    tests = [{"id": f"phase9_demo.test_a::test_{n}", "outcome": o} for n, o in enumerate(outcomes)]
+    tests.append({"id": "phase8_other.test_b::test_x", "outcome": "failed"})  # another phase: ignored
+    return {"env": ENV, "gpu_available": gpu, "no_gpu": not gpu, "phases": [{"tests": tests}]}
+
+
+def test_tests_line_ticks_only_when_every_test_of_the_prefix_passed():
+    assert gpu_checks.tests_line("pytest phase9_demo", "phase9_demo.", _grade("passed", "passed")).startswith(
+        "- [x] `pytest phase9_demo` passes on the GPU: 2 of 2 tests passed (GPU X, commit abc1234, 2026-01-02")
+    assert gpu_checks.tests_line("t", "phase9_demo.", _grade("passed", "skipped")).startswith("- [ ] `t` passes "
+                                                                                             "on the GPU: 1 of 2")
+    assert "no GPU run" in gpu_checks.tests_line("t", "phase9_demo.", _grade("passed", gpu=False))
+    assert "no GPU run" in gpu_checks.tests_line("t", "phase9_demo.", None)
+
+
+def test_sanitize_line_needs_both_tools_clean_on_every_module():
+    runs = [{"module": "m", "tool": "memcheck", "clean": True}, {"module": "m", "tool": "racecheck", "clean": True}]
+    assert gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": runs}).startswith("- [x] ")
+    assert gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": runs[:1]}).startswith("- [ ] ")
+    dirty = [dict(runs[0], clean=False), runs[1]]
+    assert "1 of 2 runs clean" in gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": dirty})
+    assert "no sanitizer run" in gpu_checks.sanitize_line(("m",), None)
+
+
+def test_every_listed_readme_has_the_markers():
+    for readme in gpu_checks.READMES:
+        text = (gpu_checks.REPO_ROOT / readme).read_text()
+        assert (gpu_checks.BEGIN in text) or ("passes on the GPU" in text), readme
