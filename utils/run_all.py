@@ -2,7 +2,9 @@
 
 On a GPU: builds all extensions in parallel, measures the ceilings (cached per GPU), then runs each
 phase's run.py in turn (benchmarks, ncu, plots, results/*.json). Optional steps: the whole test suite
-(--tests) and compute-sanitizer on every phase (--sanitize). --archive DIR packs every results folder
+(--tests), compute-sanitizer on every phase (--sanitize, recorded in utils/results/sanitize.json) and
+the grader over every phase (--grade, its report in utils/results/grade/: the phase READMEs' test
+checklist lines are generated from it by utils.gpu_checks). --archive DIR packs every results folder
 and the logs into DIR/results.tar.gz, to unpack at the repository root.
 Without a GPU: each phase script redraws its plots from the committed results, and this says so.
 """
@@ -78,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-build", action="store_true", help="skip the parallel build (extensions build on first use)")
     parser.add_argument("--tests", action="store_true", help="run the whole test suite first")
     parser.add_argument("--sanitize", action="store_true", help="run compute-sanitizer on every phase")
+    parser.add_argument("--grade", action="store_true", help="grade every phase into utils/results/grade (GPU)")
     parser.add_argument("--no-bench", action="store_true", help="skip the phase scripts")
     parser.add_argument("--only", nargs="+", help="phase scripts to run (e.g. phase3_tiled.run)")
     parser.add_argument("--remeasure", action="store_true", help="measure the ceilings again (else cached per GPU)")
@@ -101,6 +104,9 @@ def main(argv=None) -> int:
         summary.append(("tests", *run_logged("tests", [sys.executable, "-m", "pytest", "-q", "-ra"])))
     if args.sanitize and gpu:
         summary.append(("sanitize", *run_logged("sanitize", [sys.executable, "-m", "utils.sanitize"])))
+    if args.grade and gpu:
+        summary.append(("grade", *run_logged("grade", [sys.executable, "-m", "utils.grade", "--all", "--out",
+                                                       str(REPO_ROOT / "utils" / "results" / "grade")])))
     if not args.no_bench:
         if gpu:
             from utils.roofline import get_ceilings
