@@ -226,11 +226,29 @@ def did_not(docs: dict) -> list[str]:
                 out.append(f"- End-to-end target ({dtype}): not measured ({t.get('why', '')}).")
             else:
                 out.append(f"- **End-to-end ({dtype})**: {t['impl']} is {_faster(t['speedup'])} {t['peer']} at batch "
-                           f"{t.get('B')}, seq {t.get('S')} (target: at least as fast: {'met' if t['met'] else 'not met'}).")
+                           f"{t.get('B')}, seq {t.get('S')} (target: at least as fast: {'met' if t['met'] else 'not met'})."
+                           + ("" if t["met"] else _end_to_end_cause(final, t)))
     elif not final:
         out.append("- **End-to-end**: final/results/metrics.json is not produced yet (`python -m final.benchmark` on "
                    "a GPU); the OptimizedTransformer's speed against PyTorch SDPA is not in this report.")
     return out
+
+
+def _end_to_end_cause(final: dict, t: dict) -> str:
+    """Where a missed end-to-end target loses its time: the profiler's components of the two models
+    and, for FP32, the same model with cuBLAS in the MLP (timed in the same run)."""
+    by_impl = (final.get("profile") or {}).get("by_impl") or {}
+    ours, peer = by_impl.get(t["impl"]), by_impl.get(t["peer"])
+    if not (ours and peer):
+        return ""
+    parts = [f"{name} {ours['us'][name] / 1e3:.2f} ms against {peer['us'][name] / 1e3:.2f}"
+             for name in ("attention", "layer_norm", "mlp", "other") if name in ours["us"] and name in peer["us"]]
+    text = f" By component (torch.profiler, GPU time per forward): {'; '.join(parts)}."
+    cublas = viz._row(final["rows"], impl="optimized_cublas_mlp", B=t.get("B"), S=t.get("S"))
+    if cublas and t.get("peer_ms"):
+        text += (f" The same model with cuBLAS in the MLP (optimized_cublas_mlp) runs at "
+                 f"{t['peer_ms'] / cublas['ms']:.0%} of {t['peer']}'s speed: phase 6's GEMMs are the gap.")
+    return text
 
 
 def lessons(docs: dict) -> list[str]:
