@@ -25,6 +25,9 @@ from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
 SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu"]
+# The SGEMM's tile configurations (linear.cu's header), in variant order; 0 is the default.
+LINEAR_TILES = ("8x8 per thread, 256 threads, 2 blocks/SM", "8x8 per thread, 256 threads, 1 block/SM",
+                "8x16 per thread, 128 threads, 2 blocks/SM")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 
@@ -45,7 +48,7 @@ def _register_fakes() -> None:
         return torch.empty_like(x)
 
     @torch.library.register_fake(f"{NAME}::linear")
-    def _(x, weight, bias, activation, residual):
+    def _(x, weight, bias, activation, residual, variant=0):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -118,9 +121,17 @@ def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return load().gelu(x.contiguous(), approximate)
 
 
+def _check_variant(variant) -> int:
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < len(LINEAR_TILES):
+        raise ValueError(f"variant must be an int in [0, {len(LINEAR_TILES)}) (LINEAR_TILES), got {variant!r}")
+    return variant
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features]."""
+           activation: str | None = None, residual: torch.Tensor | None = None, variant: int = 0) -> torch.Tensor:
+    """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features].
+    variant picks the SGEMM's tile configuration (LINEAR_TILES; 0 = default)."""
+    variant = _check_variant(variant)
     check_cuda_tensor(x, "x", (torch.float32,))
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension [..., in_features]")
@@ -136,15 +147,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bias = _check_like(bias, "bias", x, (out_features,), "[out_features] of weight")
     if residual is not None:
         residual = _check_like(residual, "residual", x, (*x.shape[:-1], out_features), "the output's shape")
-    return load().linear(x, weight, bias, ACTIVATIONS[activation], residual)
+    return load().linear(x, weight, bias, ACTIVATIONS[activation], residual, variant)
 
 
 def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
-        b2: torch.Tensor | None, residual: torch.Tensor | None = None, approximate: str = "tanh") -> torch.Tensor:
+        b2: torch.Tensor | None, residual: torch.Tensor | None = None, approximate: str = "tanh",
+        variant: int = 0) -> torch.Tensor:
     """The Transformer MLP: gelu(x @ w1.T + b1) @ w2.T + b2 (+ residual), FP32.
 
     GEMM 1 applies bias and GELU in its epilogue; GEMM 2 applies bias and the residual add in its.
+    variant: both GEMMs' tile configuration (LINEAR_TILES).
     """
+    variant = _check_variant(variant)
     x = _check_x(x, "x", (torch.float32,))
     if approximate not in ("tanh", "none"):
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
@@ -162,5 +176,5 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Te
     if residual is not None:
         residual = _check_like(residual, "residual", x, (*x.shape[:-1], out_features), "the output's shape")
     ops = load()
-    h = ops.linear(x, w1, b1, "gelu_tanh" if approximate == "tanh" else "gelu", None)
-    return ops.linear(h, w2, b2, "none", residual)
+    h = ops.linear(x, w1, b1, "gelu_tanh" if approximate == "tanh" else "gelu", None, variant)
+    return ops.linear(h, w2, b2, "none", residual, variant)

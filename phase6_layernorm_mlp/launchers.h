@@ -20,7 +20,9 @@ void launch_layer_norm(DType dtype, const void* x, const void* residual, const v
 void launch_gelu(DType dtype, const void* x, void* y, int64_t n, Activation act, cudaStream_t stream);
 
 // C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
+// variant in [0, kLinearVariants) picks the tile configuration (linear.cu's header; 0 = default).
+constexpr int kLinearVariants = 3;
 void launch_linear(const float* A, const float* W, const float* bias, const float* residual, float* C,
-                   int64_t M, int64_t N, int64_t K, Activation act, cudaStream_t stream);
+                   int64_t M, int64_t N, int64_t K, Activation act, int variant, cudaStream_t stream);
 
 }  // namespace phase6

@@ -108,8 +108,10 @@ at::Tensor gelu(const at::Tensor& x, const std::string& approximate) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  const std::string& activation, const std::optional<at::Tensor>& residual) {
+                  const std::string& activation, const std::optional<at::Tensor>& residual, int64_t variant) {
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got device ", x.device());
+  TORCH_CHECK(variant >= 0 && variant < kLinearVariants, "variant must be in [0, ", kLinearVariants, "), got ",
+              variant);
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 (this SGEMM is FP32 only), got ",
               x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dimension [..., in_features]");
@@ -144,7 +146,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   at::Tensor out = at::empty(out_shape, x.options());
   if (M == 0 || N == 0) return out;
   launch_linear(x.data_ptr<float>(), weight.data_ptr<float>(), b, r, out.data_ptr<float>(), M, N, K, act,
-                c10::cuda::getCurrentCUDAStream());
+                static_cast<int>(variant), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -156,7 +158,7 @@ TORCH_LIBRARY(phase6_layernorm_mlp, m) {
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
   m.def("add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
   m.def("gelu(Tensor x, str approximate) -> Tensor");
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation, Tensor? residual) -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation, Tensor? residual, int variant=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(phase6_layernorm_mlp, CUDA, m) {

@@ -442,11 +442,30 @@ def ncu_section(doc) -> list[str]:
     return lines
 
 
+def variant_lines(doc) -> list[str]:
+    """The SGEMM's tile configurations timed one after the other in the same run (run.variant_rows)."""
+    rows = [r for r in doc["rows"] if r["op"].endswith("_variant")]
+    if not rows:
+        return []
+    lines = ["### Tile configurations of the SGEMM (`variant`, linear.cu's header)", "",
+             "| variant | tile | linear1 % of cuBLAS | linear2 % of cuBLAS | MLP × torch eager |", "|---|---|---|---|---|"]
+    for v in sorted({r["variant"] for r in rows}):
+        l1, l2 = _find(rows, op="linear1_variant", variant=v), _find(rows, op="linear2_variant", variant=v)
+        m = _find(rows, op="mlp_variant", variant=v)
+        lines.append(f"| {v}{' (default)' if v == 0 else ''} | {l1['tile']} | {pct(l1['frac_cublas'])} | "
+                     f"{pct(l2['frac_cublas'])} | {times(m['speedup_vs_torch_eager'])} |")
+    best = min((r for r in rows if r["op"] == "mlp_variant"), key=lambda r: r["ms"])
+    lines += ["", f"Fastest MLP: variant {best['variant']} ({best['tile']})"
+              + ("; the default." if best["variant"] == 0 else "; not the default yet: make it the default in "
+                 "linear.cu's launch_act and p6.LINEAR_TILES, then re-run.") , ""]
+    return lines
+
+
 def results_lines(doc) -> list[str]:
     misses = [*ln_gap(doc), *mlp_gap(doc)]
     return [*environment(doc), *headline(doc), *targets(doc),
             *(["### Where a target is missed, and why", "", *misses] if misses else []),
-            *prediction(doc), *torch_ln_note(doc), *ln_table(doc), *ncu_section(doc),
+            *prediction(doc), *variant_lines(doc), *torch_ln_note(doc), *ln_table(doc), *ncu_section(doc),
             "Plots: [LayerNorm bandwidth per shape](results/layer_norm_bandwidth.png), "
             "[Roofline](results/roofline.png)."]
 

@@ -37,15 +37,16 @@ def main() -> None:
         for approximate in ("tanh", "none"):
             for x in (randn(1037, dtype=dtype), unaligned(67, dtype=dtype)):
                 assert_close(p6.gelu(x, approximate), reference.gelu(x, approximate), what="gelu")
-    # Linear: vector path with M/N tails, scalar path with every tail, each epilogue.
+    # Linear: vector path with M/N tails, scalar path with every tail, each epilogue, each tile.
     for M, K, N, make in ((130, 64, 132, randn), (37, 29, 45, randn), (33, 64, 64, unaligned)):
         x, w, b, res = make(M, K), randn(N, K, scale=K ** -0.5), randn(N), randn(M, N)
         for act in (None, "gelu_tanh", "gelu"):
-            out = p6.linear(x, w, b, act, res)
             ref = x.double() @ w.double().t() + b.double()
             if act is not None:
                 ref = reference.gelu(ref, "tanh" if act == "gelu_tanh" else "none")
-            assert_close(out, ref + res.double(), what=f"linear {act}")
+            for variant in range(len(p6.LINEAR_TILES)):
+                out = p6.linear(x, w, b, act, res, variant=variant)
+                assert_close(out, ref + res.double(), what=f"linear {act} variant {variant}")
     # MLP: tokens and widths off every tile.
     x, res = randn(77, 61), randn(77, 61)
     w1, b1 = randn(250, 61, scale=61 ** -0.5), randn(250)

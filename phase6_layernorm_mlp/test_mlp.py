@@ -110,6 +110,34 @@ def test_linear(M, K, N, activation):
 
 
 @requires_gpu
+@pytest.mark.parametrize("variant", range(1, len(p6.LINEAR_TILES)))
+@pytest.mark.parametrize("M,K,N", [(37, 29, 45), (130, 64, 200), (257, 515, 131), (256, 512, 384)])
+def test_linear_tile_variants(variant, M, K, N):
+    # Every other tile configuration on the scalar and vector paths, tails and tile multiples.
+    x = randn(M, K)
+    w, b = _weights(N, K)
+    residual = randn(M, N)
+    out = p6.linear(x, w, b, "gelu_tanh", residual, variant=variant)
+    assert_close(out, _linear_ref(x, w, b, "gelu_tanh", residual), what=f"linear variant {variant} {M}x{K}x{N}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("variant", range(1, len(p6.LINEAR_TILES)))
+def test_mlp_tile_variants(variant):
+    x, res = randn(77, 61), randn(77, 61)
+    w1, b1 = _weights(250, 61)
+    w2, b2 = _weights(61, 250)
+    assert_close(p6.mlp(x, w1, b1, w2, b2, res, variant=variant), reference.mlp(x, w1, b1, w2, b2, res))
+
+
+@pytest.mark.parametrize("variant", (-1, 99, 1.0, True))
+def test_bad_linear_variant_is_named(variant):
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="variant"):
+        p6.linear(x, torch.randn(8, 8), variant=variant)
+
+
+@requires_gpu
 @pytest.mark.parametrize("with_bias", (True, False))
 @pytest.mark.parametrize("with_residual", (True, False))
 def test_linear_optional_parts_and_leading_dims(with_bias, with_residual):
@@ -234,3 +262,17 @@ def test_ops_trace_under_torch_compile():
 
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     assert_close(compiled(x, r), block(x, r).double(), rel_tol=1e-6)
+
+
+def test_variant_table_names_the_fastest_mlp():
+    from phase6_layernorm_mlp import report
+
+    rows = []
+    for v, tile in enumerate(p6.LINEAR_TILES):
+        rows += [{"op": "linear1_variant", "variant": v, "tile": tile, "frac_cublas": 0.8, "ms": 1.0},
+                 {"op": "linear2_variant", "variant": v, "tile": tile, "frac_cublas": 0.7, "ms": 1.0},
+                 {"op": "mlp_variant", "variant": v, "tile": tile, "speedup_vs_torch_eager": 0.8, "ms": 2.0 - v}]
+    lines = report.variant_lines({"rows": rows})
+    assert sum(line.startswith("| ") for line in lines) == 1 + len(p6.LINEAR_TILES)
+    assert f"Fastest MLP: variant {len(p6.LINEAR_TILES) - 1}" in lines[-2] and "not the default" in lines[-2]
+    assert report.variant_lines({"rows": [r for r in rows if not r["op"].endswith("_variant")]}) == []
