@@ -103,6 +103,13 @@ def bench_layer_norm(ceilings: dict, quick: bool) -> list[dict]:
             ours = next(o for o in out if o["op"] == op and o["impl"].startswith("phase6"))
             peer = next(o for o in out if o["op"] == op and o["impl"] == "torch_layer_norm")
             ours["speedup_vs_torch"] = peer["ms"] / ours["ms"]
+        if dtype == torch.float32:
+            # The same LayerNorm after a read-only L2 flush: how much of the time is the write-back of
+            # the dirty lines the default (zeroing) flush leaves in L2? (Matters most for small shapes.)
+            ours = next(o for o in out if o["op"] == "layer_norm" and o["impl"] == "phase6_layer_norm")
+            ours["ms_read_flush"] = time_cuda(impls[("layer_norm", "phase6_layer_norm")], flush="read")
+            nbytes = roofline.layer_norm_bytes(rows, hidden, x.element_size())
+            ours["frac_copy_read_flush"] = roofline.gbps(nbytes, ours["ms_read_flush"]) / copy_gbps
         del x, r
         torch.cuda.empty_cache()
         return out

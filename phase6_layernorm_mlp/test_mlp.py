@@ -276,3 +276,15 @@ def test_variant_table_names_the_fastest_mlp():
     assert sum(line.startswith("| ") for line in lines) == 1 + len(p6.LINEAR_TILES)
     assert f"Fastest MLP: variant {len(p6.LINEAR_TILES) - 1}" in lines[-2] and "not the default" in lines[-2]
     assert report.variant_lines({"rows": [r for r in rows if not r["op"].endswith("_variant")]}) == []
+
+
+def test_read_flush_lines_report_only_measured_shapes():
+    from phase6_layernorm_mlp import report
+
+    rows = [{"impl": "phase6_layer_norm", "op": "layer_norm", "rows": 16384, "hidden": 512, "dtype": "float32",
+             "frac_copy": 0.66, "frac_copy_read_flush": 0.93},
+            {"impl": "phase6_layer_norm", "op": "layer_norm", "rows": 65536, "hidden": 512, "dtype": "float32",
+             "frac_copy": 0.83}]
+    lines = report.read_flush_lines(rows, [(16384, 512), (65536, 512)])
+    assert "16384 × 512 93" in lines[0] and "65536" not in lines[0] and "1 of these 1 shapes" in lines[0]
+    assert report.read_flush_lines(rows[1:], [(65536, 512)]) == []

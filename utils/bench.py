@@ -22,22 +22,29 @@ def _l2_flush_buffer() -> torch.Tensor:
     return _flush_buffer
 
 
+FLUSHES = ("write", "read")
+
+
 def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l2: bool = True,
-              max_seconds: float = 3.0) -> float:
+              max_seconds: float = 3.0, flush: str = "write") -> float:
     """Median milliseconds of fn() on the current stream, timed with CUDA events.
 
-    Each timed call is preceded by an L2 flush (outside the events). Stops early after
-    max_seconds of timed calls, with at least 5 samples.
+    Each timed call is preceded by an L2 flush (outside the events): flush="write" zeroes a buffer
+    twice the L2 size (as Triton's do_bench does), which leaves L2 full of dirty lines that the
+    timed call then writes back to DRAM; flush="read" reads the buffer instead, leaving clean
+    lines. Stops early after max_seconds of timed calls, with at least 5 samples.
     """
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    flush = _l2_flush_buffer() if flush_l2 else None
+    buffer = _l2_flush_buffer() if flush_l2 else None
     samples: list[float] = []
     spent = 0.0
     for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
+        if buffer is not None:
+            buffer.zero_() if flush == "write" else buffer.sum()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
