@@ -4,10 +4,12 @@
 
 - LayerNorm (FP32 and BF16) at rows 16384 / 65536, hidden 512 / 1024 / 4096: GB/s of the minimum
   traffic (utils.roofline.layer_norm_bytes) against the DRAM copy ceiling of get_ceilings(), and
-  against torch.nn.functional.layer_norm (impl torch_layer_norm) in the same run.
+  against torch.nn.functional.layer_norm (impl torch_layer_norm) in the same run; the FP32 LayerNorm
+  also after a read-only L2 flush (ms_read_flush, frac_copy_read_flush).
 - MLP at tokens 8192, 512 -> 2048 -> 512, FP32, with residual: phase6_mlp against torch eager
   (cuBLAS + GELU, TF32 off: torch_mlp) and torch.compile'd (torch_mlp_compiled, when it compiles);
-  each of its GEMMs (phase6_linear) as a fraction of cuBLAS SGEMM (torch.matmul, TF32 off: cublas).
+  each of its GEMMs (phase6_linear) as a fraction of cuBLAS SGEMM (torch.matmul, TF32 off: cublas);
+  then every SGEMM tile configuration (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant).
 - ncu on one call of each kernel at the headline shapes (a `--profile-target all` run of this file).
 Writes results/metrics.json, results/roofline.png, results/layer_norm_bandwidth.png and the generated
 sections of README.md (report.py: measurement, targets, ncu evidence, checklist).
