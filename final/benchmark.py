@@ -218,21 +218,12 @@ def measure(impls, configs, models: Models, notes: list[str]) -> list[dict]:
 
 def profile_components(model, idx) -> dict:
     """GPU time of one forward split by the models' profiler ranges: attention, layer_norm, mlp, and
-    other (the rest: embeddings, qkv / proj / lm_head GEMMs, head split and merge copies).
-    A CPU range's device_time_total counts the kernels launched inside it."""
+    other (the rest: embeddings, qkv / proj / lm_head GEMMs, head split and merge copies)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    model(idx)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        model(idx)
-        torch.cuda.synchronize()
-    events = prof.events()
-    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
-    total = float(sum(e.device_time_total for e in kernels))
-    us = {name: float(sum(e.device_time_total for e in events
-                          if e.device_type == DeviceType.CPU and e.name == name)) for name in RANGES}
+    from utils.bench import profile_ranges
+
+    prof, total, us = profile_ranges(lambda: model(idx), RANGES)
     us["other"] = total - sum(us.values())
     top = sorted((e for e in prof.key_averages() if e.device_type != DeviceType.CPU and e.self_device_time_total > 0),
                  key=lambda e: -e.self_device_time_total)[:10]

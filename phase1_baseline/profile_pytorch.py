@@ -21,7 +21,7 @@ import torch
 from phase1_baseline.pytorch_transformer import build_model, causal_attention_math, synthetic_batch
 from utils import roofline
 from utils.attention_bench import benchmark_attention, roofline_points
-from utils.bench import peak_extra_mb, sweep, time_cuda
+from utils.bench import peak_extra_mb, profile_ranges, sweep, time_cuda
 from utils.peers import sdpa, torch_naive
 from utils.readme import env_line, fmt, update_readme
 from utils.results import read_results, write_results
@@ -44,19 +44,9 @@ def profile_ops(model, idx, top: int = 15) -> dict:
     """torch.profiler over one forward: the top ops by GPU time, and the share of the GPU time spent
     in each named range (attention and its steps, mlp, layer_norm)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    model(idx)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        model(idx)
-        torch.cuda.synchronize()
-    events = prof.events()
-    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
-    total = sum(e.device_time_total for e in kernels)
-    # A CPU range's device_time_total counts the kernels launched inside it, children included.
-    shares = {name: sum(e.device_time_total for e in events
-                        if e.device_type == DeviceType.CPU and e.name == name) / total for name in RANGES}
+    prof, total, range_us = profile_ranges(lambda: model(idx), RANGES)
+    shares = {name: us / total for name, us in range_us.items()}
     averages = [e for e in prof.key_averages()
                 if e.device_type != DeviceType.CPU and e.key not in RANGES and e.self_device_time_total > 0]
     ops = [{"op": e.key, "gpu_us": e.self_device_time_total, "calls": e.count,

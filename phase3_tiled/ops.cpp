@@ -13,34 +13,12 @@
 namespace phase3_tiled {
 namespace {
 
-// The course's phases 2-4 share one contract: head dims 1..128 (the tiled kernels handle any D
-// by zero-padding the last tile; the cap keeps every phase interchangeable behind one API).
-constexpr int64_t kMaxHeadDim = 128;
-
-void check_head_dim(int64_t D, const char* name) {
-  TORCH_CHECK(D >= 1 && D <= kMaxHeadDim, "head dim D=", D, " (", name,
-              ".shape[-1]) is not supported: phase3_tiled supports 1 <= D <= ", kMaxHeadDim);
-}
-
 void check_tile(int64_t tile) {
   TORCH_CHECK(is_supported_tile(tile), "tile must be 8, 16 or 32, got ", tile);
 }
 
-void check_float4d(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.is_cuda(), name, " must be a CUDA tensor, got device ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
-  TORCH_CHECK(x.dim() == 4, name, " must be 4-D, got ", x.sizes());
-  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(x.numel() > 0, name, " must not be empty");
-}
-
 at::Tensor matmul_qk(const at::Tensor& q, const at::Tensor& k, double scale, int64_t tile) {
-  check_float4d(q, "q");
-  check_float4d(k, "k");
-  TORCH_CHECK(k.device() == q.device(), "k must be on q's device");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must be [B, H, Sk, D] matching q ", q.sizes(), ", got ", k.sizes());
-  check_head_dim(q.size(3), "q");
+  course::check_qk_operands(q, k, "phase3_tiled");
   check_tile(tile);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
@@ -63,7 +41,7 @@ void softmax_into(const at::Tensor& s, at::Tensor& p, const c10::optional<at::Te
 }
 
 at::Tensor softmax(const at::Tensor& s, const c10::optional<at::Tensor>& mask, bool is_causal) {
-  check_float4d(s, "s");
+  course::check_float4d(s, "s");
   const c10::cuda::CUDAGuard guard(s.device());
   at::Tensor p = at::empty_like(s);
   softmax_into(s, p, mask, is_causal);
@@ -71,12 +49,7 @@ at::Tensor softmax(const at::Tensor& s, const c10::optional<at::Tensor>& mask, b
 }
 
 at::Tensor matmul_av(const at::Tensor& p, const at::Tensor& v, int64_t tile) {
-  check_float4d(p, "p");
-  check_float4d(v, "v");
-  TORCH_CHECK(v.device() == p.device(), "v must be on p's device");
-  TORCH_CHECK(v.size(0) == p.size(0) && v.size(1) == p.size(1) && v.size(2) == p.size(3),
-              "v must be [B, H, Sk, D] with p = [B, H, Sq, Sk] = ", p.sizes(), ", got ", v.sizes());
-  check_head_dim(v.size(3), "v");
+  course::check_av_operands(p, v, "phase3_tiled");
   check_tile(tile);
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t B = p.size(0), H = p.size(1), Sq = p.size(2), Sk = p.size(3), D = v.size(3);
@@ -93,7 +66,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
                      int64_t tile) {
   course::check_qkv(q, k, v, at::kFloat);
-  check_head_dim(q.size(3), "q");
+  course::check_unfused_head_dim(q.size(3), "q", "phase3_tiled");
   check_tile(tile);
   at::Tensor s = matmul_qk(q, k, scale, tile);
   const c10::cuda::CUDAGuard guard(q.device());

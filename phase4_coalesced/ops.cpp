@@ -15,24 +15,8 @@
 namespace phase4_coalesced {
 namespace {
 
-// The course's phases 2-4 share one contract: head dims 1..128. The tiled kernels themselves
-// have no limit (D is tiled like any other dimension); the cap keeps the phases interchangeable.
-constexpr int64_t kMaxHeadDim = 128;
 // Rows of S and tiles of a launch are counted in 32-bit grid dimensions.
 constexpr int64_t kMaxGridRows = std::numeric_limits<int32_t>::max();
-
-void check_head_dim(int64_t D, const char* name) {
-  TORCH_CHECK(D >= 1 && D <= kMaxHeadDim, "head dim D=", D, " (", name,
-              ".shape[-1]) is not supported: phase4_coalesced supports 1 <= D <= ", kMaxHeadDim);
-}
-
-void check_float4d(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.is_cuda(), name, " must be a CUDA tensor, got device ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
-  TORCH_CHECK(x.dim() == 4, name, " must be 4-D, got ", x.sizes());
-  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(x.numel() > 0, name, " must not be empty");
-}
 
 void check_rows(int64_t rows, const char* name) {
   TORCH_CHECK(rows <= kMaxGridRows, name, " has ", rows, " rows (B*H*Sq); at most ", kMaxGridRows,
@@ -40,12 +24,7 @@ void check_rows(int64_t rows, const char* name) {
 }
 
 at::Tensor matmul_qk(const at::Tensor& q, const at::Tensor& k, double scale, bool causal) {
-  check_float4d(q, "q");
-  check_float4d(k, "k");
-  TORCH_CHECK(k.device() == q.device(), "k must be on q's device");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must be [B, H, Sk, D] matching q ", q.sizes(), ", got ", k.sizes());
-  check_head_dim(q.size(3), "q");
+  course::check_qk_operands(q, k, "phase4_coalesced");
   check_rows(q.size(0) * q.size(1) * q.size(2), "q");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
@@ -59,7 +38,7 @@ at::Tensor matmul_qk(const at::Tensor& q, const at::Tensor& k, double scale, boo
 // Writes softmax(s + mask) into p (p may be s itself).
 void softmax_into(const at::Tensor& s, const at::Tensor& p, const c10::optional<at::Tensor>& mask,
                   bool causal) {
-  check_float4d(s, "s");
+  course::check_float4d(s, "s");
   check_rows(s.size(0) * s.size(1) * s.size(2), "s");
   const c10::cuda::CUDAGuard guard(s.device());
   const course::AttentionShape shape{s.size(0), s.size(1), s.size(2), s.size(3), 0};
@@ -70,19 +49,14 @@ void softmax_into(const at::Tensor& s, const at::Tensor& p, const c10::optional<
 }
 
 at::Tensor softmax(const at::Tensor& s, const c10::optional<at::Tensor>& mask, bool causal) {
-  check_float4d(s, "s");
+  course::check_float4d(s, "s");
   at::Tensor p = at::empty_like(s);
   softmax_into(s, p, mask, causal);
   return p;
 }
 
 at::Tensor matmul_av(const at::Tensor& p, const at::Tensor& v, bool causal) {
-  check_float4d(p, "p");
-  check_float4d(v, "v");
-  TORCH_CHECK(v.device() == p.device(), "v must be on p's device");
-  TORCH_CHECK(v.size(0) == p.size(0) && v.size(1) == p.size(1) && v.size(2) == p.size(3),
-              "v must be [B, H, Sk, D] matching p ", p.sizes(), ", got ", v.sizes());
-  check_head_dim(v.size(3), "v");
+  course::check_av_operands(p, v, "phase4_coalesced");
   check_rows(p.size(0) * p.size(1) * p.size(2), "p");
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t B = p.size(0), H = p.size(1), Sq = p.size(2), Sk = p.size(3), D = v.size(3);
@@ -98,7 +72,7 @@ at::Tensor matmul_av(const at::Tensor& p, const at::Tensor& v, bool causal) {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask, bool causal, double scale) {
   const course::AttentionShape shape = course::check_qkv(q, k, v, at::kFloat);
-  check_head_dim(shape.D, "q");
+  course::check_unfused_head_dim(shape.D, "q", "phase4_coalesced");
   at::Tensor s = matmul_qk(q, k, scale, causal);
   softmax_into(s, s, mask, causal);
   return matmul_av(s, v, causal);

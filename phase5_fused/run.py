@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from utils import reference, roofline
-from utils.bench import peak_extra_mb, time_cuda
-from utils.testing import random_qkv, rel_error
+from utils.attention_bench import attention_row, try_attention_row
+from utils.testing import random_qkv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = RESULTS / "metrics.json"
@@ -87,21 +87,9 @@ def peer_impls(verbose=True) -> dict:
 # Timing rows (results schema). utils.bench.time_cuda with a per-point time cap keeps the run short.
 
 
-def bench_row(impl, fn, q, k, v, causal, ref=None, stride=1, quick=False) -> dict:
-    Bq, Hq, Sq, D = q.shape
-    Sk = k.shape[2]
-    ms = time_cuda(lambda: fn(q, k, v, causal), warmup=2 if quick else 3, reps=10 if quick else 25,
-                   max_seconds=0.3 if quick else 0.8)
-    flops = roofline.attention_flops(Bq, Hq, Sq, Sk, D, causal, stride)
-    nbytes = roofline.attention_bytes(Bq, Hq, Sq, Sk, D, q.element_size())
-    row = {"impl": impl, "op": "attention", "B": Bq, "H": Hq, "Sq": Sq, "Sk": Sk, "D": D,
-           "dtype": "float32", "causal": causal, "ms": ms, "tflops": roofline.tflops(flops, ms),
-           "gbps": roofline.gbps(nbytes, ms), "extra_mb": peak_extra_mb(lambda: fn(q, k, v, causal))}
-    if stride != 1:
-        row["stride"] = stride
-    if ref is not None:
-        row["rel_err"] = rel_error(fn(q, k, v, causal), ref)
-    return row
+def timing(quick: bool) -> dict:
+    """utils.attention_bench.attention_row's time_cuda arguments: fewer repetitions, capped per point."""
+    return {"warmup": 2 if quick else 3, "reps": 10 if quick else 25, "max_seconds": 0.3 if quick else 0.8}
 
 
 def sweep(impls: dict, seq_lens, head_dims, quick) -> list[dict]:
@@ -116,13 +104,9 @@ def sweep(impls: dict, seq_lens, head_dims, quick) -> list[dict]:
                 if D == head_dims[0] and not causal and S == min(s for s in seq_lens if s > MAX_S[name]):
                     print(f"    {name}: skipped from S={S} (S x S buffers / time budget)", flush=True)
                 continue
-            try:
-                rows.append(bench_row(name, fn, q, k, v, causal, ref, quick=quick))
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                print(f"    {name}: out of memory at S={S}, skipped", flush=True)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                print(f"    {name}: skipped at S={S} ({str(exc).splitlines()[0][:100]})", flush=True)
+            row = try_attention_row(name, fn, q, k, v, causal, ref, **timing(quick))
+            if row is not None:
+                rows.append(row)
         del q, k, v, ref
         torch.cuda.empty_cache()
         print(f"[sweep {n}/{len(configs)}] D={D} causal={causal} S={S} ({time.perf_counter() - start:.0f} s)",
@@ -144,8 +128,8 @@ def strided_rows(quick) -> list[dict]:
                 ref = None
                 if B * H * S * S <= REFERENCE_LIMIT:
                     ref = reference.attention(q, k, v, is_causal=causal, stride=stride)
-                row = bench_row("phase5_fused", fn, q, k, v, causal, ref, stride=stride, quick=quick)
-                row["op"] = "attention_strided"
+                row = attention_row("phase5_fused", fn, q, k, v, causal, ref, op="attention_strided", stride=stride,
+                                    **timing(quick))
                 row["stride"] = stride
                 dense_ms = row["ms"] if stride == 1 else dense_ms
                 row["speedup_vs_dense"] = dense_ms / row["ms"]
@@ -164,8 +148,7 @@ def variant_rows(quick) -> list[dict]:
         q, k, v = random_qkv(B, H, 1024 if quick else 4096, 1024 if quick else 4096, D)
         for variant in range(phase5_fused.FAST_VARIANTS[D]):
             fn = lambda q, k, v, c, n=variant: phase5_fused.attention(q, k, v, is_causal=c, variant=n)
-            row = bench_row("phase5_fused", fn, q, k, v, False, quick=quick)
-            row["op"] = "attention_variant"
+            row = attention_row("phase5_fused", fn, q, k, v, False, op="attention_variant", **timing(quick))
             row["variant"] = variant
             rows.append(row)
         del q, k, v

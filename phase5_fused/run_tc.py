@@ -69,7 +69,7 @@ def make_inputs(S, D, seed):
 
 def benchmark(seq_lens) -> tuple[list[dict], list[str]]:
     from utils import reference
-    from utils.attention_bench import REFERENCE_LIMIT, attention_row
+    from utils.attention_bench import REFERENCE_LIMIT, try_attention_row
     from utils.bench import sweep
     from utils.peers import attention_peers
 
@@ -92,26 +92,15 @@ def benchmark(seq_lens) -> tuple[list[dict], list[str]]:
         for name, fn in impls.items():
             if S > MAX_S.get(name, S):
                 continue
-            rows.append(_row(attention_row, name, fn, q, k, v, causal, ref))
+            rows.append(try_attention_row(name, fn, q, k, v, causal, ref))
         if fp32 is not None and S <= MAX_S["phase5_fused"]:
             q32, k32, v32 = (t.float() for t in (q, k, v))
-            rows.append(_row(attention_row, "phase5_fused", fp32, q32, k32, v32, causal, ref))
+            rows.append(try_attention_row("phase5_fused", fp32, q32, k32, v32, causal, ref))
         del q, k, v, ref
         torch.cuda.empty_cache()
         return [r for r in rows if r is not None]
 
     return sweep(configs, run_config, "tc attention"), notes
-
-
-def _row(attention_row, name, fn, q, k, v, causal, ref):
-    try:
-        return attention_row(name, fn, q, k, v, causal, ref)
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        print(f"    {name}: out of memory at S={q.shape[2]}, skipped", flush=True)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        print(f"    {name}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
-    return None
 
 
 def add_ceiling_fractions(rows, ceilings) -> None:

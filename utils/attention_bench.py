@@ -19,13 +19,14 @@ REFERENCE_LIMIT = 2**31
 
 
 def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: str = "attention",
-                  stride: int = 1) -> dict:
+                  stride: int = 1, **timing) -> dict:
     """Time fn(q, k, v, causal) and describe it as a results row (TFLOP/s and GB/s from
-    utils.roofline's attention formulas; extra_mb = peak memory beyond the inputs)."""
+    utils.roofline's attention formulas; extra_mb = peak memory beyond the inputs). timing: keyword
+    arguments of utils.bench.time_cuda (warmup, reps, max_seconds)."""
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     elem = q.element_size()
-    ms = time_cuda(lambda: fn(q, k, v, causal))
+    ms = time_cuda(lambda: fn(q, k, v, causal), **timing)
     flops = roofline.attention_flops(B, H, Sq, Sk, D, causal, stride)
     nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, elem)
     row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": Sq, "Sk": Sk, "D": D,
@@ -37,6 +38,19 @@ def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: 
     if ref is not None:
         row["rel_err"] = rel_error(fn(q, k, v, causal), ref)
     return row
+
+
+def try_attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, **kwargs) -> dict | None:
+    """attention_row, or None with a printed note when the implementation runs out of memory or
+    rejects the inputs (an unsupported D, say)."""
+    try:
+        return attention_row(impl, fn, q, k, v, causal, ref, **kwargs)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        print(f"    {impl}: out of memory at S={q.shape[2]}, skipped", flush=True)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        print(f"    {impl}: skipped at S={q.shape[2]} ({str(exc).splitlines()[0][:100]})", flush=True)
+    return None
 
 
 def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=torch.float32,
@@ -54,18 +68,10 @@ def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=t
         ref = None
         if B * H * S * Sk <= REFERENCE_LIMIT // 8:
             ref = reference.attention(q, k, v, is_causal=causal)
-        rows = []
-        for name, fn in impls.items():
-            try:
-                rows.append(attention_row(name, fn, q, k, v, causal, ref))
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                print(f"    {name}: out of memory at S={S}, skipped", flush=True)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                print(f"    {name}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+        rows = [try_attention_row(name, fn, q, k, v, causal, ref) for name, fn in impls.items()]
         del q, k, v, ref
         torch.cuda.empty_cache()
-        return rows
+        return [r for r in rows if r is not None]
 
     return sweep(configs, run_config, desc)
 

@@ -43,8 +43,10 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l
     samples: list[float] = []
     spent = 0.0
     for _ in range(reps):
-        if buffer is not None:
-            buffer.zero_() if flush == "write" else buffer.sum()
+        if buffer is not None and flush == "write":
+            buffer.zero_()
+        elif buffer is not None:
+            buffer.sum()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -55,6 +57,26 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l
         if spent > max_seconds and len(samples) >= 5:
             break
     return statistics.median(samples)
+
+
+def profile_ranges(fn: Callable[[], object], ranges: Iterable[str]):
+    """torch.profiler over one call of fn (after one warm-up call). Returns the profile, the GPU time
+    of all its kernels (µs) and, per named range, the GPU time of the kernels launched inside it
+    (a CPU range's device_time_total counts the kernels of its children too)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    total = float(sum(e.device_time_total for e in kernels))
+    us = {name: float(sum(e.device_time_total for e in events if e.device_type == DeviceType.CPU and e.name == name))
+          for name in ranges}
+    return prof, total, us
 
 
 def peak_extra_mb(fn: Callable[[], object]) -> float:

@@ -74,4 +74,42 @@ inline AttentionMasking make_masking(const c10::optional<at::Tensor>& mask, bool
   return m;
 }
 
+// The unfused phases (2-4) share one contract for their separate kernels: float32 4-D operands
+// and head dims 1..128 (their kernels have no limit of their own; the cap keeps every phase
+// interchangeable behind the same API). `phase` names the phase in the message.
+constexpr int64_t kUnfusedMaxHeadDim = 128;
+
+inline void check_unfused_head_dim(int64_t D, const char* name, const char* phase) {
+  TORCH_CHECK(D >= 1 && D <= kUnfusedMaxHeadDim, "head dim D=", D, " (", name, ".shape[-1]) is not supported: ",
+              phase, " supports 1 <= D <= ", kUnfusedMaxHeadDim);
+}
+
+inline void check_float4d(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.is_cuda(), name, " must be a CUDA tensor, got device ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() == 4, name, " must be 4-D, got ", x.sizes());
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.numel() > 0, name, " must not be empty");
+}
+
+// The operands of S = scale * q k^T: q [B, H, Sq, D], k [B, H, Sk, D].
+inline void check_qk_operands(const at::Tensor& q, const at::Tensor& k, const char* phase) {
+  check_float4d(q, "q");
+  check_float4d(k, "k");
+  TORCH_CHECK(k.device() == q.device(), "k must be on q's device");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k must be [B, H, Sk, D] matching q ", q.sizes(), ", got ", k.sizes());
+  check_unfused_head_dim(q.size(3), "q", phase);
+}
+
+// The operands of O = P v: p [B, H, Sq, Sk], v [B, H, Sk, D].
+inline void check_av_operands(const at::Tensor& p, const at::Tensor& v, const char* phase) {
+  check_float4d(p, "p");
+  check_float4d(v, "v");
+  TORCH_CHECK(v.device() == p.device(), "v must be on p's device");
+  TORCH_CHECK(v.size(0) == p.size(0) && v.size(1) == p.size(1) && v.size(2) == p.size(3),
+              "v must be [B, H, Sk, D] with p = [B, H, Sq, Sk] = ", p.sizes(), ", got ", v.sizes());
+  check_unfused_head_dim(v.size(3), "v", phase);
+}
+
 }  // namespace course
