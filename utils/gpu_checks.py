@@ -3,7 +3,7 @@
 Read from two records a GPU run commits (never typed by hand):
     utils/results/grade/all.json   `python -m utils.grade --all --out utils/results/grade`: every test
                                    of every phase with its outcome, and the environment stamp
-    utils/results/sanitize.json    `python -m utils.sanitize` (every module, both tools): clean or not
+    utils/results/sanitize.json    `python -m utils.sanitize` (both tools): clean or not, per module and run
 `python -m utils.gpu_checks` (also run by utils.report, so by `make run`) rewrites the section between
 the gpu-checks markers of each phase README listed in READMES; phases 4 and 6 put the same lines in
 their generated checklists.
@@ -65,7 +65,8 @@ def sanitize_line(modules: tuple[str, ...], record: dict | None) -> str:
         return f"- [ ] {what}: no sanitizer run recorded yet ({SANITIZE_RECORD.name})."
     clean = sum(r["clean"] for r in runs)
     ok = clean == len(runs) == 2 * len(modules)
-    return f"- [{'x' if ok else ' '}] {what}: {clean} of {len(runs)} runs clean ({_where(record['env'], SANITIZE_RECORD)})."
+    env = runs[-1].get("env", record["env"])
+    return f"- [{'x' if ok else ' '}] {what}: {clean} of {len(runs)} runs clean ({_where(env, SANITIZE_RECORD)})."
 
 
 def checklist_lines(readme: str) -> list[str]:

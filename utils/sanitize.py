@@ -3,9 +3,9 @@
 `python -m utils.sanitize phase2_naive [phase5_fused.tc_sanitize_cases ...]` runs each tool on
 `python -m <phase>.sanitize_cases` (or on the module named), a small module in the phase that calls
 every kernel once on awkward sizes (S not a multiple of any tile, Sq != Sk, masks, causal). Exit code 1 if any tool
-reports an error; the summary line of each run is printed. A run over every module (no names given)
-on a GPU is recorded, with the environment stamp, in utils/results/sanitize.json (utils.gpu_checks
-reads it for the phase READMEs).
+reports an error; the summary line of each run is printed. On a GPU, a run with both tools is
+recorded in utils/results/sanitize.json, each run with its environment stamp: it replaces the
+recorded runs of the modules it covered (utils.gpu_checks reads the file for the phase READMEs).
 """
 
 from __future__ import annotations
@@ -74,20 +74,28 @@ def main(argv=None) -> int:
             ok, detail = run_tool(sanitizer, tool, phase)
             runs.append({"module": target_module(phase), "tool": tool, "clean": ok, "summary": detail.splitlines()[0]})
             print(f"{phase:<22} {tool:<10} {'clean' if ok else 'ERRORS'}: {detail}", flush=True)
-    if not args.phases and set(args.tools) == set(TOOLS):
+    if set(args.tools) == set(TOOLS):
         record(runs)
     return 0 if all(r["clean"] for r in runs) else 1
 
 
 def record(runs: list[dict], path: Path = RECORD) -> None:
-    """Keep a complete run (every module, both tools) with the environment stamp, on a GPU only."""
+    """Record these runs (both tools per module), each with the environment stamp, on a GPU only:
+    they replace the recorded runs of the same modules and keep those of the others."""
     import torch
 
     from utils.results import env_stamp
 
-    if torch.cuda.is_available():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"env": env_stamp(), "runs": runs}, indent=1) + "\n")
+    if not torch.cuda.is_available():
+        return
+    env = env_stamp()
+    modules = {r["module"] for r in runs}
+    kept = []
+    if path.exists():
+        old = json.loads(path.read_text())
+        kept = [dict(r, env=r.get("env", old["env"])) for r in old["runs"] if r["module"] not in modules]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"env": env, "runs": kept + [dict(r, env=env) for r in runs]}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -33,3 +33,24 @@ def test_every_listed_readme_has_the_markers():
     for readme in gpu_checks.READMES:
         text = (gpu_checks.REPO_ROOT / readme).read_text()
         assert (gpu_checks.BEGIN in text) or ("passes on the GPU" in text), readme
+
+
+def test_sanitize_record_replaces_only_the_modules_run(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    from utils import results, sanitize
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(results, "env_stamp", lambda: ENV)
+    path = tmp_path / "sanitize.json"
+    old_env = dict(ENV, commit="old0000")
+    old = [{"module": m, "tool": t, "clean": m == "a"} for m in ("a", "b") for t in sanitize.TOOLS]
+    path.write_text(json.dumps({"env": old_env, "runs": old}))
+    sanitize.record([{"module": "b", "tool": t, "clean": True} for t in sanitize.TOOLS], path)
+    doc = json.loads(path.read_text())
+    assert [(r["module"], r["clean"], r["env"]["commit"]) for r in doc["runs"]] == \
+        [("a", True, "old0000")] * 2 + [("b", True, "abc1234")] * 2
+    assert "commit abc1234" in gpu_checks.sanitize_line(("b",), doc)
+    assert "commit old0000" in gpu_checks.sanitize_line(("a",), doc)
