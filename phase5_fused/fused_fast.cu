@@ -37,6 +37,7 @@
 #include <c10/util/Exception.h>
 
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "fused.h"
 
 namespace phase5 {
@@ -50,27 +51,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSmemPerSM = 233472;     // H100: 228 KiB of shared memory per SM
 constexpr int kSmemPerBlockMax = 232448;  // 227 KiB per block
 constexpr int kSmemReservedPerBlock = 1024;
-
-// ------------------------------------------------------------------------------------------------
-// cp.async helpers (sm_80+): 16-byte global -> shared copies that bypass registers.
-
-__device__ __forceinline__ void cp_async_16(float* smem_dst, const float* gmem_src, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Copy ROWS rows of D floats into shared memory (row pitch LD floats). Tile row r is global row
 // (first + r) * step of `head` ([rows, D] row-major); rows at or past `limit` are zero-filled.
@@ -88,7 +68,7 @@ __device__ __forceinline__ void load_rows_async(float* dst, const float* head, i
     const int col = (c % kChunks) * 4;
     const int64_t row = (first + r) * step;
     const bool valid = row < limit;
-    cp_async_16(dst + r * LD + col, head + (valid ? row * D + col : 0), valid);
+    course::cp_async_16(course::smem_u32(dst + r * LD + col), head + (valid ? row * D + col : 0), valid);
   }
 }
 
@@ -210,18 +190,18 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
     // Prologue: Q_i and K_0 in one group.
     load_rows_async<D, Br, LDQ>(Qs, q_head, i0, 1, p.Sq);
     load_rows_async<D, Bc, LDQ>(Ks, k_head, 0, stride, kv_end);
-    cp_async_commit();
+    course::cp_async_commit();
   }
 
   for (int64_t tile = 0; tile < n_tiles; ++tile) {
     const int64_t t0 = tile * Bc;  // first key slot of this tile
 
     // Step 1: K_j (and Q_i) landed; every thread has finished P_{j-1} V_{j-1}, so V and P are free.
-    cp_async_wait<0>();
+    course::cp_async_wait<0>();
     __syncthreads();
     // Step 2: start V_j; it lands while S_j and its softmax are computed.
     load_rows_async<D, Bc, LDQ>(Vs, v_head, t0, stride, kv_end);
-    cp_async_commit();
+    course::cp_async_commit();
 
     // Step 3: S_ij = Q_i K_j^T, TM x TN per thread, float4 steps along D.
     float s[TM][TN];
@@ -309,8 +289,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
 
     // Step 7: start K_{j+1}; it lands while P V runs. (An empty group keeps the count uniform.)
     if (tile + 1 < n_tiles) load_rows_async<D, Bc, LDQ>(Ks, k_head, t0 + Bc, stride, kv_end);
-    cp_async_commit();
-    cp_async_wait<1>();  // everything but K_{j+1}: V_j has landed
+    course::cp_async_commit();
+    course::cp_async_wait<1>();  // everything but K_{j+1}: V_j has landed
     __syncthreads();
 
     // Step 8: O_i += P_ij V_j: per 4 keys, TM float4 of P and OC vectors of V per key.
@@ -336,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
       }
     }
   }
-  cp_async_wait<0>();  // nothing may be left in flight when the block exits
+  course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
   // Step 9: O_i = O_i / l_i (zeros for fully masked rows), logsumexp = (m + log2 l) * ln 2.
 #pragma unroll

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "tc_attention.h"
 #include "tc_mma.cuh"
 
@@ -99,17 +100,17 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
     static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0, "a fixed swizzle per thread");
     const int r0 = t / kChunks;
     const int c = t % kChunks;
-    const uint32_t dst = tc::smem_u32(tile + r0 * D + tc::swizzle<kChunks>(r0, c) * 8);
+    const uint32_t dst = course::smem_u32(tile + r0 * D + tc::swizzle<kChunks>(r0, c) * 8);
     const T* from = src + (static_cast<int64_t>(row0) + r0) * D + c * 8;
     if (row0 + kRows <= row_limit) {  // a whole tile: no per-row checks
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n)
-        tc::cp_async_16(dst + n * kRowStep * D * sizeof(T), from + n * kRowStep * D, true);
+        course::cp_async_16(dst + n * kRowStep * D * sizeof(T), from + n * kRowStep * D, true);
     } else {
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n) {
         const bool valid = row0 + r0 + n * kRowStep < row_limit;
-        tc::cp_async_16(dst + n * kRowStep * D * sizeof(T), valid ? from + n * kRowStep * D : src, valid);
+        course::cp_async_16(dst + n * kRowStep * D * sizeof(T), valid ? from + n * kRowStep * D : src, valid);
       }
     }
   } else {
@@ -120,7 +121,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
       const int c = idx % kChunks;
       const bool valid = row0 + r < row_limit;
       const T* from = valid ? src + (static_cast<int64_t>(row0) + r) * D + c * 8 : src;
-      tc::cp_async_16(tc::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8), from, valid);
+      course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8), from, valid);
     }
   }
 }
@@ -191,14 +192,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 
   // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block).
   load_tile<T, D, kBr>(sQ, Q, q0, p.Sq);
-  tc::cp_async_commit();
+  course::cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_blocks) {
       load_tile<T, D, kBc>(sK + s * kBc * D, K, s * kBc, kv_len);
       load_tile<T, D, kBc>(sV + s * kBc * D, V, s * kBc, kv_len);
     }
-    tc::cp_async_commit();
+    course::cp_async_commit();
   }
 
   // Per thread: O fragments of the warp's rows, and m, l for its two rows of each m16 tile
@@ -223,12 +224,12 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int warp_q0 = q0 + warp_row0;      // ... and in the sequence
   // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
   const uint32_t lane_offset = lane_tile_offset<D>(lane);
-  const uint32_t q_lane = tc::smem_u32(sQ + warp_row0 * D) + lane_offset;
+  const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * D) + lane_offset;
 
   for (int j = 0; j < n_blocks; ++j) {
     // Wait for K_j, V_j (and Q at j = 0); the barrier makes every thread's copies visible and
     // tells us that all warps are done with block j - 1, whose stage is refilled next.
-    tc::cp_async_wait<kStages - 2>();
+    course::cp_async_wait<kStages - 2>();
     __syncthreads();
     {
       const int jn = j + kStages - 1;
@@ -237,11 +238,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         load_tile<T, D, kBc>(sK + stage * kBc * D, K, jn * kBc, kv_len);
         load_tile<T, D, kBc>(sV + stage * kBc * D, V, jn * kBc, kv_len);
       }
-      tc::cp_async_commit();  // an empty group past the end keeps the wait count uniform
+      course::cp_async_commit();  // an empty group past the end keeps the wait count uniform
     }
     const int kv0 = j * kBc;
-    const uint32_t k_lane = tc::smem_u32(sK + (j % kStages) * kBc * D) + lane_offset;
-    const uint32_t v_lane = tc::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
+    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * D) + lane_offset;
+    const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
     // hidden and the warp has nothing to do for this block.
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 
   // Epilogue: O / l (rows with no visible key have l = 0 and give zeros), rounded to T, staged in
   // this warp's own rows of sQ (only this warp ever read them) and stored as coalesced 16-byte rows.
-  tc::cp_async_wait<0>();
+  course::cp_async_wait<0>();
   __syncthreads();  // with n_blocks = 0, other threads' Q copies may still be landing in sQ
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {

@@ -1,6 +1,6 @@
 // The tensor-core building blocks of the FP16/BF16 fused attention kernel (tc_attention.cu), each a
-// thin wrapper over one PTX instruction of sm_80+ so the kernel reads like the algorithm:
-//   cp.async.cg ...16     global -> shared copy that bypasses registers, zero-filled out of range
+// thin wrapper over one PTX instruction of sm_80+ so the kernel reads like the algorithm
+// (its cp.async copies come from utils/csrc/cp_async.cuh):
 //   ldmatrix.x4 (.trans)  four 8x8 b16 matrices from shared memory into mma fragments
 //   mma.sync m16n8k16     D[16x8] += A[16x16] * B[16x8], A/B in FP16 or BF16, C/D in FP32
 // and the XOR swizzle that makes every ldmatrix and every 16-byte shared store bank-conflict free.
@@ -17,11 +17,6 @@ namespace tc {
 // ------------------------------------------------------------------------------------------------
 // Shared-memory addressing
 
-// The 32-bit shared-window address that ldmatrix / cp.async take.
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
 // A tile row of D b16 elements is kChunks = D/8 chunks of 16 bytes; shared memory has 8 groups of
 // 4 banks (16 bytes each). ldmatrix reads one chunk from each of 8 consecutive rows; unswizzled, a
 // row pitch that is a multiple of 128 bytes puts all 8 in the same bank group (8-way conflict).
@@ -37,24 +32,6 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   } else {
     return chunk ^ ((row >> 1) & 3);
   }
-}
-
-// ------------------------------------------------------------------------------------------------
-// cp.async: asynchronous global -> shared copies, grouped and waited on in commit order
-
-// Copies 16 bytes, or writes 16 zero bytes (src-size 0, nothing read) when !valid. `src` must be a
-// valid address either way: callers pass the tensor's first row for out-of-range rows.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Wait until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -24,10 +24,16 @@ from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
-SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu"]
-# The SGEMM's tile configurations (linear.cu's header), in variant order; 0 is the default.
-LINEAR_TILES = ("8x8 per thread, 256 threads, 2 blocks/SM", "8x8 per thread, 256 threads, 1 block/SM",
-                "8x16 per thread, 128 threads, 2 blocks/SM")
+SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu", "linear_async.cu"]
+# The SGEMM's kernels and tile configurations, in variant order (linear.cu's and linear_async.cu's
+# headers); LINEAR_DEFAULT is the variant that won in run.py's timing on the H100.
+LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
+                "registers, 8x8 per thread, 256 threads, 1 block/SM",
+                "registers, 8x16 per thread, 128 threads, 2 blocks/SM",
+                "cp.async, 8x8 per thread, 256 threads, BK 16, 3 stages",
+                "cp.async, 8x8 per thread, 256 threads, BK 32, 3 stages",
+                "cp.async, 8x16 per thread, 128 threads, BK 16, 4 stages")
+LINEAR_DEFAULT = 0
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 
@@ -122,15 +128,17 @@ def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 
 
 def _check_variant(variant) -> int:
+    if variant is None:
+        return LINEAR_DEFAULT
     if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < len(LINEAR_TILES):
         raise ValueError(f"variant must be an int in [0, {len(LINEAR_TILES)}) (LINEAR_TILES), got {variant!r}")
     return variant
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None, residual: torch.Tensor | None = None, variant: int = 0) -> torch.Tensor:
+           activation: str | None = None, residual: torch.Tensor | None = None, variant: int | None = None) -> torch.Tensor:
     """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features].
-    variant picks the SGEMM's tile configuration (LINEAR_TILES; 0 = default)."""
+    variant picks the SGEMM's kernel and tile configuration (LINEAR_TILES; None: LINEAR_DEFAULT)."""
     variant = _check_variant(variant)
     check_cuda_tensor(x, "x", (torch.float32,))
     if x.dim() < 1:
@@ -152,11 +160,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
         b2: torch.Tensor | None, residual: torch.Tensor | None = None, approximate: str = "tanh",
-        variant: int = 0) -> torch.Tensor:
+        variant: int | None = None) -> torch.Tensor:
     """The Transformer MLP: gelu(x @ w1.T + b1) @ w2.T + b2 (+ residual), FP32.
 
     GEMM 1 applies bias and GELU in its epilogue; GEMM 2 applies bias and the residual add in its.
-    variant: both GEMMs' tile configuration (LINEAR_TILES).
+    variant: both GEMMs' kernel and tile configuration (LINEAR_TILES; None: LINEAR_DEFAULT).
     """
     variant = _check_variant(variant)
     x = _check_x(x, "x", (torch.float32,))

@@ -20,9 +20,27 @@ void launch_layer_norm(DType dtype, const void* x, const void* residual, const v
 void launch_gelu(DType dtype, const void* x, void* y, int64_t n, Activation act, cudaStream_t stream);
 
 // C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
-// variant in [0, kLinearVariants) picks the tile configuration (linear.cu's header; 0 = default).
-constexpr int kLinearVariants = 3;
+// variant in [0, kLinearVariants) picks the kernel and its tile configuration: the first
+// kStagedVariants are linear.cu's (loads staged through registers), the next kAsyncVariants
+// linear_async.cu's (cp.async pipeline). The Python API picks the default (LINEAR_DEFAULT).
+constexpr int kStagedVariants = 3;
+constexpr int kAsyncVariants = 3;
+constexpr int kLinearVariants = kStagedVariants + kAsyncVariants;
 void launch_linear(const float* A, const float* W, const float* bias, const float* residual, float* C,
                    int64_t M, int64_t N, int64_t K, Activation act, int variant, cudaStream_t stream);
+
+// One linear call's operands, as the two SGEMM kernels' launchers take them.
+struct LinearArgs {
+  const float* A;
+  const float* W;
+  const float* bias;      // nullptr: none
+  const float* residual;  // nullptr: none
+  float* C;
+  int64_t M, N, K;
+  Activation act;
+  cudaStream_t stream;
+};
+void launch_linear_staged(const LinearArgs& p, int config);  // config in [0, kStagedVariants)
+void launch_linear_async(const LinearArgs& p, int config);   // config in [0, kAsyncVariants)
 
 }  // namespace phase6

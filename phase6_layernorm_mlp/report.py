@@ -458,21 +458,24 @@ def ncu_section(doc) -> list[str]:
 
 
 def variant_lines(doc) -> list[str]:
-    """The SGEMM's tile configurations timed one after the other in the same run (run.variant_rows)."""
+    """The SGEMM's kernels and tile configurations timed one after the other in the same run
+    (run.variant_rows), and which one was the default (p6.LINEAR_DEFAULT) in that run."""
     rows = [r for r in doc["rows"] if r["op"].endswith("_variant")]
     if not rows:
         return []
-    lines = ["### Tile configurations of the SGEMM (`variant`, linear.cu's header)", "",
-             "| variant | tile | linear1 % of cuBLAS | linear2 % of cuBLAS | MLP × torch eager |", "|---|---|---|---|---|"]
+    default = doc.get("linear_default", 0)
+    lines = ["### Kernels and tile configurations of the SGEMM (`variant`: linear.cu's and linear_async.cu's headers)",
+             "", "| variant | kernel, tile | linear1 % of cuBLAS | linear2 % of cuBLAS | MLP × torch eager |",
+             "|---|---|---|---|---|"]
     for v in sorted({r["variant"] for r in rows}):
         l1, l2 = _find(rows, op="linear1_variant", variant=v), _find(rows, op="linear2_variant", variant=v)
         m = _find(rows, op="mlp_variant", variant=v)
-        lines.append(f"| {v}{' (default)' if v == 0 else ''} | {l1['tile']} | {pct(l1['frac_cublas'])} | "
+        lines.append(f"| {v}{' (default)' if v == default else ''} | {l1['tile']} | {pct(l1['frac_cublas'])} | "
                      f"{pct(l2['frac_cublas'])} | {times(m['speedup_vs_torch_eager'])} |")
     best = min((r for r in rows if r["op"] == "mlp_variant"), key=lambda r: r["ms"])
     lines += ["", f"Fastest MLP: variant {best['variant']} ({best['tile']})"
-              + ("; the default." if best["variant"] == 0 else "; not the default yet: make it the default in "
-                 "linear.cu's launch_act and p6.LINEAR_TILES, then re-run.") , ""]
+              + ("; the default." if best["variant"] == default else "; not the default yet: make it "
+                 "LINEAR_DEFAULT in phase6_layernorm_mlp/__init__.py, then re-run."), ""]
     return lines
 
 

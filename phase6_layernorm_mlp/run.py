@@ -36,7 +36,7 @@ LN_DTYPES = (torch.float32, torch.bfloat16)
 HEADLINE_LN = {"rows": 65536, "hidden": 1024}
 MLP_SHAPE = {"tokens": 8192, "hidden": 512, "inner": 2048}
 REF_ROWS = 2048  # rows checked against the float64 reference (rows are independent)
-NCU_REGEX = "layer_norm|linear_kernel|gemm"
+NCU_REGEX = "layer_norm|linear_kernel|linear_async_kernel|gemm"
 # The issue's targets (issue 6): LayerNorm >= 90% of copy and >= torch; MLP >= 0.9x torch eager.
 TARGET_FRAC_COPY, TARGET_VS_TORCH_LN, TARGET_VS_TORCH_MLP = 0.9, 1.0, 0.9
 
@@ -253,7 +253,7 @@ def profile_target() -> None:
 
 
 def _ncu_label(kernel: str, seen: dict) -> str:
-    if "linear_kernel" in kernel:
+    if "linear_kernel" in kernel or "linear_async_kernel" in kernel:
         seen["linear"] = seen.get("linear", 0) + 1
         return f"phase6_linear ({'linear1' if seen['linear'] == 1 else 'linear2'})"
     if "layer_norm_cached" in kernel or "layer_norm_streaming" in kernel:
@@ -440,7 +440,8 @@ def main(argv=None) -> int:
     records = [] if args.quick else run_ncu(notes)
     if args.quick:
         notes.append("--quick run: fewer shapes, no torch.compile, no ncu")
-    path = write_results(METRICS, rows, ceilings, ncu=records, notes=notes, targets=summarize_targets(rows))
+    path = write_results(METRICS, rows, ceilings, ncu=records, notes=notes, targets=summarize_targets(rows),
+                         linear_default=p6.LINEAR_DEFAULT)
     doc = read_results(path)
     make_plots(doc)
     render_readme(doc)

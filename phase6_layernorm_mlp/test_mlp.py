@@ -87,6 +87,7 @@ def test_gelu_bad_approximate():
 
 # --- linear (SGEMM with fused epilogue) ------------------------------------------------------------
 
+OTHER_VARIANTS = [v for v in range(len(p6.LINEAR_TILES)) if v != p6.LINEAR_DEFAULT]
 SHAPES = [  # (M tokens, K in, N out): none a multiple of the 128 x 128 x 16 tile unless noted
     (1, 1, 1),
     (1, 64, 128),          # M = 1, aligned K and N
@@ -110,10 +111,10 @@ def test_linear(M, K, N, activation):
 
 
 @requires_gpu
-@pytest.mark.parametrize("variant", range(1, len(p6.LINEAR_TILES)))
+@pytest.mark.parametrize("variant", OTHER_VARIANTS)
 @pytest.mark.parametrize("M,K,N", [(37, 29, 45), (130, 64, 200), (257, 515, 131), (256, 512, 384)])
 def test_linear_tile_variants(variant, M, K, N):
-    # Every other tile configuration on the scalar and vector paths, tails and tile multiples.
+    # Every other kernel and tile configuration on the scalar and vector paths, tails and tile multiples.
     x = randn(M, K)
     w, b = _weights(N, K)
     residual = randn(M, N)
@@ -122,7 +123,7 @@ def test_linear_tile_variants(variant, M, K, N):
 
 
 @requires_gpu
-@pytest.mark.parametrize("variant", range(1, len(p6.LINEAR_TILES)))
+@pytest.mark.parametrize("variant", OTHER_VARIANTS)
 def test_mlp_tile_variants(variant):
     x, res = randn(77, 61), randn(77, 61)
     w1, b1 = _weights(250, 61)
@@ -272,9 +273,11 @@ def test_variant_table_names_the_fastest_mlp():
         rows += [{"op": "linear1_variant", "variant": v, "tile": tile, "frac_cublas": 0.8, "ms": 1.0},
                  {"op": "linear2_variant", "variant": v, "tile": tile, "frac_cublas": 0.7, "ms": 1.0},
                  {"op": "mlp_variant", "variant": v, "tile": tile, "speedup_vs_torch_eager": 0.8, "ms": 2.0 - v}]
-    lines = report.variant_lines({"rows": rows})
+    lines = report.variant_lines({"rows": rows, "linear_default": 0})
     assert sum(line.startswith("| ") for line in lines) == 1 + len(p6.LINEAR_TILES)
     assert f"Fastest MLP: variant {len(p6.LINEAR_TILES) - 1}" in lines[-2] and "not the default" in lines[-2]
+    lines = report.variant_lines({"rows": rows, "linear_default": len(p6.LINEAR_TILES) - 1})
+    assert lines[-2].endswith("; the default.") and "(default)" in lines[-4]
     assert report.variant_lines({"rows": [r for r in rows if not r["op"].endswith("_variant")]}) == []
 
 

@@ -65,3 +65,13 @@ def test_ref_scale_measures_error_against_the_product_magnitude():
     with pytest.raises(AssertionError):
         testing.assert_close(out, ref)
     testing.assert_close(out, ref, ref_scale=torch.tensor([1.0], dtype=torch.float64))
+
+
+def test_assert_close_fp16_subnormal_output_is_judged_against_the_smallest_normal():
+    # -1e-7 is subnormal in FP16: correctly rounded it is 19% off, and that passes; a 2% error on a
+    # normal FP16 value fails.
+    ref = torch.tensor([-1.0e-7], dtype=torch.float64)
+    assert abs(ref.half().double().item() / ref.item() - 1) > 0.1
+    testing.assert_close(ref.half(), ref)
+    with pytest.raises(AssertionError, match="rel error"):
+        testing.assert_close((ref * 1e4 * 1.02).half(), ref * 1e4)

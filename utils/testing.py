@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import math
+
 import random
 
 import pytest
@@ -145,8 +147,11 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype=None, rel_tol: floa
         f"{what}: where the reference is infinite the output differs {seed_info}")
     o, r = out64[finite_ref], ref64[finite_ref]
     magnitude = r if ref_scale is None else ref_scale.detach().to(torch.float64).cpu()[finite_ref]
-    err = rel_error(o, r) if ref_scale is None else (
-        torch.linalg.vector_norm(o - r).item() / max(torch.linalg.vector_norm(magnitude).item(), 1e-300))
+    # Relative to the reference's norm, but never to less than the dtype's smallest normal number
+    # per element: an FP16 output below 6e-5 is subnormal and cannot keep its relative accuracy.
+    # (An all-zero reference leaves the absolute error, as rel_error does.)
+    diff, norm = torch.linalg.vector_norm(o - r).item(), torch.linalg.vector_norm(magnitude).item()
+    err = diff / max(norm, torch.finfo(dtype).tiny * math.sqrt(o.numel())) if norm > 0 else diff
     tol = REL_TOLERANCE[dtype] if rel_tol is None else rel_tol
     # Elementwise backstop: atol scales with the reference's magnitude (an error of 1e-4 means
     # little next to outputs of 1e3), and loosens with the test's relative tolerance.
