@@ -108,7 +108,8 @@ def environment(doc) -> list[str]:
              f"FP32 FFMA peak {fmt(c.get('fp32_TFLOPs'))} TFLOP/s, cuBLAS SGEMM (8192³, TF32 off) "
              f"**{fmt(c.get('sgemm_TFLOPs'))} TFLOP/s**. LayerNorm and GELU bandwidth is the minimum traffic "
              "(each tensor read or written once) divided by the time; every time is the median of CUDA-event "
-             "timed calls, each after an L2 flush.", ""]
+             "timed calls, each after an L2 flush (LayerNorm: a read-only flush, see below; the rest: utils.bench's "
+             "zeroing flush).", ""]
     if "H100" not in gpu:
         lines += [f"The issue asks for an H100 run; this one is on {gpu}. The prediction below was written "
                   "with the H100's ceilings, so it is compared as fractions of the ceilings and ratios to "
@@ -244,10 +245,10 @@ def ln_gap(doc) -> list[str]:
         f"ncu's kernel time; at ncu's time the shape would run at {pct(at_ncu)} of copy"
         f"{' and meet the target' if at_ncu >= P.TARGET_FRAC_COPY else ''}. So at this shape "
         f"{'the kernel itself runs above the target' if k['dram_GBps'] / copy >= P.TARGET_FRAC_COPY else 'part of the gap is in the kernel, part around it'}: "
-        "the time lost is mostly in what the benchmark's CUDA events enclose and ncu leaves out. Two candidates: the launch of the op from Python, and the write-back of the dirty lines "
-        "that the L2 flush before each timed call leaves in L2 (ncu flushes and invalidates the caches before "
-        "it measures, so its kernel starts clean). The copy ceiling is measured on gigabytes without a flush, "
-        "where such costs vanish.",
+        "the time lost is mostly in what the benchmark's CUDA events enclose and ncu leaves out: the launch of "
+        "the op from Python, and the first accesses after the L2 flush (ncu flushes and invalidates the caches "
+        "before it measures too, but times the kernel alone). The copy ceiling is measured on gigabytes "
+        "without a flush, where such costs vanish.",
         "",
         "Any cost of that kind weighs most where the fewest bytes move: at "
         f"{small[0]} × {small[1]} the copy of the same bytes would take {fmt(_copy_us(doc, rs, 4))} µs, so the "
@@ -257,22 +258,37 @@ def ln_gap(doc) -> list[str]:
         "cost per call would be, and ncu ran at one shape only. So for the other shapes the cause is open: a "
         "benchmark without the L2 flush, or ncu at each shape (kernel time against the event time), would "
         "separate what is in the kernel from what is around it.", ""]
-    return lines + read_flush_lines(rows, missed)
+    return lines
 
 
-def read_flush_lines(rows, missed) -> list[str]:
-    """The missed shapes timed again after a read-only L2 flush (run.py's ms_read_flush), if measured."""
-    again = [(n, h, _ln(rows, "phase6_layer_norm", "layer_norm", n, h)) for n, h in missed]
-    again = [(n, h, r) for n, h, r in again if r.get("frac_copy_read_flush") is not None]
-    if not again:
+def flush_lines(doc) -> list[str]:
+    """The FP32 LayerNorms timed after both L2 flushes (run.py's LN_FLUSH and ms_write_flush)."""
+    rows = [r for r in doc["rows"] if r["op"] == "layer_norm" and r["dtype"] == "float32"
+            and r.get("frac_copy_write_flush") is not None]
+    if not rows:
         return []
-    reached = sum(r["frac_copy_read_flush"] >= P.TARGET_FRAC_COPY for _, _, r in again)
-    return ["The same kernel timed after a read-only L2 flush (L2 left full of clean lines, nothing for the "
-            "timed call to write back): " + ", ".join(f"{n} × {h} {pct(r['frac_copy_read_flush'])} of copy "
-                                                   f"(against {pct(r['frac_copy'])})" for n, h, r in again)
-            + f". With it {reached} of these {len(again)} shapes reach {pct(P.TARGET_FRAC_COPY, 0)}: that much of "
-            "the gap is the write-back of the default flush's dirty lines, not the kernel. The target keeps "
-            "the default flush, the same for every implementation and for torch.", ""]
+    flush = rows[0].get("flush", "write")
+    lines = ["### The L2 flush before each timed LayerNorm", "",
+             f"The LayerNorm times above follow a **{flush}** flush (run.py's `LN_FLUSH`: a 2 × L2 buffer is "
+             f"{'read' if flush == 'read' else 'zeroed'} before each call). The zeroing flush the other phases use "
+             "leaves L2 full of dirty lines, and the timed kernel pays for writing them back to DRAM, a cost its "
+             "own traffic does not cause. Both, per shape (FP32, % of the copy ceiling):", "",
+             "| rows × hidden | phase6, read flush | phase6, zeroing flush | torch, read flush | torch, zeroing flush | "
+             "zeroing flush − read flush (µs, phase6) |", "|---|---|---|---|---|---|"]
+    ours = [r for r in rows if r["impl"] == "phase6_layer_norm"]
+    for r in ours:
+        t = _ln(doc["rows"], "torch_layer_norm", "layer_norm", r["rows"], r["hidden"])
+        lines.append(f"| {r['rows']} × {r['hidden']} | {pct(r['frac_copy'])} | {pct(r['frac_copy_write_flush'])} | "
+                     f"{pct(t['frac_copy']) if t else '–'} | "
+                     f"{pct(t['frac_copy_write_flush']) if t and t.get('frac_copy_write_flush') else '–'} | "
+                     f"{fmt((r['ms_write_flush'] - r['ms']) * 1e3)} |")
+    reached = sum(r["frac_copy_write_flush"] >= P.TARGET_FRAC_COPY for r in ours)
+    extra = [(r["ms_write_flush"] - r["ms"]) * 1e3 for r in ours]
+    lines += ["", f"With the zeroing flush our LayerNorm reaches {pct(P.TARGET_FRAC_COPY, 0)} of copy at {reached} "
+              f"of {len(ours)} shapes. The difference is {fmt(min(extra))} to {fmt(max(extra))} µs per call and "
+              "weighs most on the shapes that move the fewest bytes. The targets are read with the read flush, "
+              "for every implementation alike.", ""]
+    return lines
 
 
 def mlp_gap(doc) -> list[str]:
@@ -324,6 +340,7 @@ def mlp_gap(doc) -> list[str]:
         f"- **Waves.** At {BLOCKS_PER_SM} blocks per SM there are {slots} block slots: linear1 has "
         f"{blocks['linear1']} blocks of {TILE_M} × {TILE_N} ({fmt(blocks['linear1'] / slots)} waves), linear2 "
         f"{blocks['linear2']} ({fmt(blocks['linear2'] / slots)} wave, each block a {o2['K']}-long k loop).",
+        *variant_bullet(doc),
         ""]
     if any(k.startswith("stall_") for k in k1):
         lines += ["What holds the FFMAs back, from ncu's warp-state counters (share of active warp-cycles stalled "
@@ -336,6 +353,23 @@ def mlp_gap(doc) -> list[str]:
                   "loads, the per-slice `__syncthreads`, address arithmetic) is not measured here (exercise 5 "
                   "tries other tile shapes for linear2).", ""]
     return lines
+
+
+def variant_bullet(doc) -> list[str]:
+    """One line on the other kernels and tile shapes, from run.variant_rows (the table below)."""
+    rows = {r["variant"]: r for r in doc["rows"] if r["op"] == "mlp_variant"}
+    default = doc.get("linear_default", 0)
+    if default not in rows or len(rows) < 2:
+        return []
+    others = {v: rows[default]["ms"] / r["ms"] for v, r in rows.items() if v != default}
+    best = max(others, key=others.get)
+    return [f"- **Other kernels and tiles did not close it.** Timed in the same run (table below), the other "
+            f"{len(others)} variants ran the MLP at {times(min(others.values()))} to {times(max(others.values()))} "
+            f"the default's speed; the best, variant {best} ({rows[best]['tile']}), "
+            + ("is faster: make it the default." if others[best] > 1 else
+               "is not faster. Among them are cuBLAS's per-thread shape (8 × 16, 128 threads) and a cp.async "
+               "pipeline with 3 and 4 stages, so neither the stages nor the tile shape alone is what cuBLAS has "
+               "over this kernel.")]
 
 
 def torch_ln_note(doc) -> list[str]:
@@ -481,7 +515,7 @@ def variant_lines(doc) -> list[str]:
 
 def results_lines(doc) -> list[str]:
     misses = [*ln_gap(doc), *mlp_gap(doc)]
-    return [*environment(doc), *headline(doc), *targets(doc),
+    return [*environment(doc), *headline(doc), *targets(doc), *flush_lines(doc),
             *(["### Where a target is missed, and why", "", *misses] if misses else []),
             *prediction(doc), *variant_lines(doc), *torch_ln_note(doc), *ln_table(doc), *ncu_section(doc),
             "Plots: [LayerNorm bandwidth per shape](results/layer_norm_bandwidth.png), "
