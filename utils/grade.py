@@ -24,7 +24,8 @@ It grades the checked-out copy (the solutions or a student's copy) in four steps
 4. Speed (GPU only, and only when every correctness test of the phase passed): for each benchmark
    of the rubric, the phase's kernel and the implementations it is compared with (the previous
    phase's kernel, the peer) run on the rubric's shapes in this process, through the phases' own
-   APIs and utils.bench.time_cuda (warm-up, L2 flush, median). Each output is first checked
+   APIs and utils.bench.time_cuda (warm-up, L2 flush, median; a benchmark's "flush": "read" picks
+   the read-only flush). Each output is first checked
    against a float32 PyTorch reference of the same inputs: a kernel that is wrong on the benchmark
    shape earns no speed points. A part's value (speed-up = time of the other / time of ours, or
    the fraction of a ceiling from utils.roofline.get_ceilings) is aggregated over the shapes
@@ -154,6 +155,10 @@ def validate_rubric(rubric: dict, folder_name: str | None = None) -> list[str]:
             problems.append(f"{where}: dtype {bench.get('dtype')!r} is not one of {DTYPES}")
         if bench.get("impl") not in OPS[op]["impls"]:
             problems.append(f"{where}: impl {bench.get('impl')!r} is not a known {op} implementation")
+        from utils.bench import FLUSHES
+
+        if bench.get("flush", "write") not in FLUSHES:
+            problems.append(f"{where}: flush {bench.get('flush')!r} is not one of {FLUSHES} (utils.bench)")
         shapes = bench.get("shapes") or []
         if not shapes:
             problems.append(f"{where}: no shapes")
@@ -538,7 +543,8 @@ def run_benchmark(bench: dict, reps: int = 20) -> list[dict]:
                 if not err <= tol:
                     entry["error"] = f"wrong result on the benchmark shape: rel error {err:.3g} > {tol:.1e}"
                 else:
-                    entry["ms"] = time_cuda(call, warmup=3, reps=reps, max_seconds=2.0)
+                    entry["ms"] = time_cuda(call, warmup=3, reps=reps, max_seconds=2.0,
+                                            flush=bench.get("flush", "write"))
                     entry["gbps"] = nbytes / (entry["ms"] * 1e-3) / 1e9
                     entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
                 del out

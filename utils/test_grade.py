@@ -59,8 +59,9 @@ def test_bad_rubrics_are_reported():
     part["good"], part["excellent"] = 3.0, 2.0
     part["against"] = "phase9_magic"
     rubric["benchmarks"][0]["shapes"].append({"B": 1, "H": 1, "S": 0})
+    rubric["benchmarks"][0]["flush"] = "sideways"
     problems = " ".join(grade.validate_rubric(rubric, "phase4_coalesced"))
-    for words in ("thresholds must rise", "phase9_magic", "lacks positive integers", "the folder is"):
+    for words in ("thresholds must rise", "phase9_magic", "lacks positive integers", "the folder is", "sideways"):
         assert words in problems
 
 
