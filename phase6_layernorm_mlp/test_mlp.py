@@ -281,13 +281,18 @@ def test_variant_table_names_the_fastest_mlp():
     assert report.variant_lines({"rows": [r for r in rows if not r["op"].endswith("_variant")]}) == []
 
 
-def test_read_flush_lines_report_only_measured_shapes():
+def test_flush_lines_report_both_flushes_per_measured_shape():
     from phase6_layernorm_mlp import report
 
-    rows = [{"impl": "phase6_layer_norm", "op": "layer_norm", "rows": 16384, "hidden": 512, "dtype": "float32",
-             "frac_copy": 0.66, "frac_copy_read_flush": 0.93},
-            {"impl": "phase6_layer_norm", "op": "layer_norm", "rows": 65536, "hidden": 512, "dtype": "float32",
-             "frac_copy": 0.83}]
-    lines = report.read_flush_lines(rows, [(16384, 512), (65536, 512)])
-    assert "16384 × 512 93" in lines[0] and "65536" not in lines[0] and "1 of these 1 shapes" in lines[0]
-    assert report.read_flush_lines(rows[1:], [(65536, 512)]) == []
+    def ln(impl, rows, frac, frac_write, ms, ms_write):
+        return {"impl": impl, "op": "layer_norm", "rows": rows, "hidden": 512, "dtype": "float32", "flush": "read",
+                "frac_copy": frac, "frac_copy_write_flush": frac_write, "ms": ms, "ms_write_flush": ms_write}
+
+    rows = [ln("phase6_layer_norm", 16384, 0.99, 0.80, 0.0224, 0.0278), ln("torch_layer_norm", 16384, 0.55, 0.53, 0.04, 0.041),
+            ln("phase6_layer_norm", 65536, 1.0, 0.94, 0.0893, 0.0948)]
+    lines = report.flush_lines({"rows": rows})
+    table = [line for line in lines if line.startswith("| 1") or line.startswith("| 6")]
+    assert table[0] == "| 16384 × 512 | 99.0% | 80.0% | 55.0% | 53.0% | 5.4 |"
+    assert table[1].startswith("| 65536 × 512 | 100.0% | 94.0% | – | – |")
+    assert "at 1 of 2 shapes" in lines[-2] and "**read** flush" in lines[2]
+    assert report.flush_lines({"rows": [dict(r, frac_copy_write_flush=None) for r in rows]}) == []
