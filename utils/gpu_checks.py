@@ -6,7 +6,8 @@ Read from two records a GPU run commits (never typed by hand):
     utils/results/sanitize.json    `python -m utils.sanitize` (both tools): clean or not, per module and run
 `python -m utils.gpu_checks` (also run by utils.report, so by `make run`) rewrites the section between
 the gpu-checks markers of each phase README listed in READMES; phases 4 and 6 put the same lines in
-their generated checklists.
+their generated checklists. For the phases whose run.py writes no checklist (RESULTS), it adds where
+the committed results were measured and, if recorded, whether the phase's target was met.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ READMES = {
                                             ("phase5_fused.tc_sanitize_cases",)),
     "phase6_layernorm_mlp/README.md": ("pytest phase6_layernorm_mlp", "phase6_layernorm_mlp.",
                                        ("phase6_layernorm_mlp.sanitize_cases",)),
+}
+
+
+# README -> its phase's results file, for the README whose checklist has no generated results line
+RESULTS = {
+    "phase2_naive/README.md": REPO_ROOT / "phase2_naive" / "results" / "metrics.json",
+    "phase3_tiled/README.md": REPO_ROOT / "phase3_tiled" / "results" / "metrics.json",
 }
 
 
@@ -69,9 +77,28 @@ def sanitize_line(modules: tuple[str, ...], record: dict | None) -> str:
     return f"- [{'x' if ok else ' '}] {what}: {clean} of {len(runs)} runs clean ({_where(env, SANITIZE_RECORD)})."
 
 
+def results_lines(path: Path, doc: dict | None) -> list[str]:
+    """Where the committed results come from, and the phase's target if its run.py records one
+    ("target": {"rule": ..., "met": ...})."""
+    name = path.relative_to(REPO_ROOT).as_posix()
+    if doc is None:
+        return [f"- [ ] `{name}` and its plots from one GPU run: no results committed yet."]
+    env = doc["env"]
+    lines = [f"- [{'x' if 'H100' in env['gpu'] else ' '}] `{name}` and its plots from one run on the H100: "
+             f"measured on {env['gpu']}, commit {env['commit']}, {env['date'][:10]}."]
+    target = doc.get("target")
+    if isinstance(target, dict) and "met" in target:
+        lines.append(f"- [{'x' if target['met'] else ' '}] target: {target['rule']} — "
+                     f"{'met' if target['met'] else 'not met'} in that run.")
+    return lines
+
+
 def checklist_lines(readme: str) -> list[str]:
     target, prefix, modules = READMES[readme]
-    return [tests_line(target, prefix, _load(GRADE_RECORD)), sanitize_line(modules, _load(SANITIZE_RECORD))]
+    lines = [tests_line(target, prefix, _load(GRADE_RECORD)), sanitize_line(modules, _load(SANITIZE_RECORD))]
+    if readme in RESULTS:
+        lines += results_lines(RESULTS[readme], _load(RESULTS[readme]))
+    return lines
 
 
 def update_readmes() -> None:

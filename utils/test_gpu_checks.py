@@ -54,3 +54,14 @@ def test_sanitize_record_replaces_only_the_modules_run(tmp_path, monkeypatch):
         [("a", True, "old0000")] * 2 + [("b", True, "abc1234")] * 2
     assert "commit abc1234" in gpu_checks.sanitize_line(("b",), doc)
     assert "commit old0000" in gpu_checks.sanitize_line(("a",), doc)
+
+
+def test_results_lines_say_where_the_results_come_from_and_the_target(tmp_path):
+    path = gpu_checks.REPO_ROOT / "phase9_demo" / "results" / "metrics.json"
+    h100 = dict(ENV, gpu="NVIDIA H100 80GB HBM3")
+    lines = gpu_checks.results_lines(path, {"env": h100, "target": {"rule": "2x phase 8", "met": False}})
+    assert lines[0].startswith("- [x] `phase9_demo/results/metrics.json` and its plots from one run on the H100: "
+                               "measured on NVIDIA H100 80GB HBM3, commit abc1234")
+    assert lines[1] == "- [ ] target: 2x phase 8 — not met in that run."
+    assert gpu_checks.results_lines(path, {"env": ENV})[0].startswith("- [ ] ")
+    assert "no results committed" in gpu_checks.results_lines(path, None)[0]
