@@ -8,14 +8,15 @@
 //      compiler to sink below the multiply (it did in linear.cu), and no register cap to respect.
 //   2. kStages shared-memory stages in a ring: tiles t+1 .. t+kStages-1 are in flight while tile t
 //      is multiplied; one barrier per tile.
-//   3. Each thread's copy addresses are computed once; per tile it adds BK to its source pointer.
-//      Tiles wholly inside the matrix take a branch without any bounds test.
+//   3. Only the shared-memory destinations are kept across tiles; the source addresses are
+//      recomputed once per tile and stepped by a row stride between copies. Tiles wholly inside
+//      the matrices take a branch without any bounds test.
 //   4. Any K and any alignment on the same path (4-byte copies; zero-filled past M, N and K): only
 //      the epilogue has a float4 and a scalar version.
 //
 // Copies: one warp-wide cp.async covers 8 consecutive rows x 4 consecutive k (lane % 4 -> k,
-// lane / 4 -> row): 16 bytes of each row; the copy of the next 4 k reads the other half of those
-// 32-byte sectors from L1 (.ca). In shared memory element (row, k) lands at column
+// lane / 4 -> row): 16 bytes of each row; the next warp's copy of the next 4 k reads the other
+// half of those 32-byte sectors from L1 (.ca). In shared memory element (row, k) lands at column
 // row ^ ((k % 4) * 8): the 4 k-rows of one copy fall in 4 different groups of 8 banks, so the 32
 // stores are conflict-free; XOR with a multiple of 8 keeps every aligned group of 4 consecutive
 // rows together, so the multiply still reads float4 (linear_tile.cuh), and per k-slice only 4
