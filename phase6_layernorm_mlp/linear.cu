@@ -147,8 +147,7 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
 
 template <class Cfg, Activation ACT>
 void launch_config(const LinearArgs& p) {
-  const dim3 grid(static_cast<unsigned>(course::ceil_div<int64_t>(p.M, BM)),
-                  static_cast<unsigned>(course::ceil_div<int64_t>(p.N, BN)));
+  const dim3 grid = linear_grid(p);
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
   if (vec) {
     linear_kernel<Cfg, ACT, true><<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M,
@@ -171,11 +170,7 @@ void launch_act(const LinearArgs& p, int config) {
 }  // namespace
 
 void launch_linear_staged(const LinearArgs& p, int config) {
-  switch (p.act) {
-    case Activation::kNone: return launch_act<Activation::kNone>(p, config);
-    case Activation::kGeluTanh: return launch_act<Activation::kGeluTanh>(p, config);
-    case Activation::kGeluErf: return launch_act<Activation::kGeluErf>(p, config);
-  }
+  with_activation(p.act, [&](auto act) { launch_act<decltype(act)::value>(p, config); });
 }
 
 void launch_linear(const float* A, const float* W, const float* bias, const float* residual, float* C,

@@ -163,8 +163,7 @@ void launch_instance(const LinearArgs& p, dim3 grid) {
 
 template <class Cfg, Activation ACT>
 void launch_config(const LinearArgs& p) {
-  const dim3 grid(static_cast<unsigned>(course::ceil_div<int64_t>(p.M, BM)),
-                  static_cast<unsigned>(course::ceil_div<int64_t>(p.N, BN)));
+  const dim3 grid = linear_grid(p);
   if (vector_epilogue(p)) launch_instance<Cfg, ACT, true>(p, grid);
   else launch_instance<Cfg, ACT, false>(p, grid);
 }
@@ -181,11 +180,7 @@ void launch_act(const LinearArgs& p, int config) {
 }  // namespace
 
 void launch_linear_async(const LinearArgs& p, int config) {
-  switch (p.act) {
-    case Activation::kNone: return launch_act<Activation::kNone>(p, config);
-    case Activation::kGeluTanh: return launch_act<Activation::kGeluTanh>(p, config);
-    case Activation::kGeluErf: return launch_act<Activation::kGeluErf>(p, config);
-  }
+  with_activation(p.act, [&](auto act) { launch_act<decltype(act)::value>(p, config); });
 }
 
 }  // namespace phase6

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "gelu.cuh"
@@ -102,6 +103,23 @@ __device__ __forceinline__ void store_output(const float (&acc)[Cfg::TM][Cfg::TN
         }
       }
     }
+  }
+}
+
+// One block per BM x BN tile of C.
+inline dim3 linear_grid(const LinearArgs& p) {
+  return dim3(static_cast<unsigned>(course::ceil_div<int64_t>(p.M, BM)),
+              static_cast<unsigned>(course::ceil_div<int64_t>(p.N, BN)));
+}
+
+// Calls launch(std::integral_constant<Activation, ACT>{}) for the call's activation, so each
+// launcher instantiates its kernels once per activation.
+template <class Launch>
+void with_activation(Activation act, Launch&& launch) {
+  switch (act) {
+    case Activation::kNone: return launch(std::integral_constant<Activation, Activation::kNone>{});
+    case Activation::kGeluTanh: return launch(std::integral_constant<Activation, Activation::kGeluTanh>{});
+    case Activation::kGeluErf: return launch(std::integral_constant<Activation, Activation::kGeluErf>{});
   }
 }
 

@@ -45,7 +45,8 @@ RESULTS = {
 }
 
 
-def _load(path: Path) -> dict | None:
+def load_record(path: Path) -> dict | None:
+    """A JSON record, or None where it was never written."""
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -95,9 +96,10 @@ def results_lines(path: Path, doc: dict | None) -> list[str]:
 
 def checklist_lines(readme: str) -> list[str]:
     target, prefix, modules = READMES[readme]
-    lines = [tests_line(target, prefix, _load(GRADE_RECORD)), sanitize_line(modules, _load(SANITIZE_RECORD))]
+    lines = [tests_line(target, prefix, load_record(GRADE_RECORD)),
+             sanitize_line(modules, load_record(SANITIZE_RECORD))]
     if readme in RESULTS:
-        lines += results_lines(RESULTS[readme], _load(RESULTS[readme]))
+        lines += results_lines(RESULTS[readme], load_record(RESULTS[readme]))
     return lines
 
 

@@ -128,6 +128,8 @@ def load_rubric(folder: Path) -> dict:
 
 def validate_rubric(rubric: dict, folder_name: str | None = None) -> list[str]:
     """Every problem found in a rubric (an empty list when it is usable)."""
+    from utils.bench import FLUSHES
+
     problems = []
     if folder_name is not None and rubric.get("phase") != folder_name:
         problems.append(f"phase is {rubric.get('phase')!r}, the folder is {folder_name!r}")
@@ -155,8 +157,6 @@ def validate_rubric(rubric: dict, folder_name: str | None = None) -> list[str]:
             problems.append(f"{where}: dtype {bench.get('dtype')!r} is not one of {DTYPES}")
         if bench.get("impl") not in OPS[op]["impls"]:
             problems.append(f"{where}: impl {bench.get('impl')!r} is not a known {op} implementation")
-        from utils.bench import FLUSHES
-
         if bench.get("flush", "write") not in FLUSHES:
             problems.append(f"{where}: flush {bench.get('flush')!r} is not one of {FLUSHES} (utils.bench)")
         shapes = bench.get("shapes") or []

@@ -7,11 +7,10 @@ the grading markers of every phase README.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from utils.build import REPO_ROOT
-from utils.gpu_checks import GRADE_RECORD
+from utils.gpu_checks import GRADE_RECORD, load_record
 from utils.grade import LEVEL_FRACTION, LEVELS, PHASES, load_rubric
 from utils.readme import fmt, replace_between
 
@@ -69,7 +68,7 @@ def section_lines(number: int, grade: dict | None) -> list[str]:
 
 
 def update_readmes() -> None:
-    grade = json.loads(GRADE_RECORD.read_text()) if GRADE_RECORD.exists() else None
+    grade = load_record(GRADE_RECORD)
     for number, folder in PHASES.items():
         replace_between(REPO_ROOT / folder / "README.md", BEGIN, END, section_lines(number, grade))
 
