@@ -91,6 +91,34 @@ def mlp_bytes(tokens, hidden, inner, elem_bytes=4) -> float:
     return float(elem_bytes) * (3 * tokens * hidden + 2 * hidden * inner + inner + hidden)
 
 
+def row_model(row: dict) -> tuple[float, float] | None:
+    """(FLOPs, minimum bytes) of the problem a results row measured, from the models above; None for
+    an op without a model."""
+    elem = 2 if row.get("dtype") in ("float16", "bfloat16") else 4
+    op = row.get("op")
+    if op in ("attention", "attention_strided", "attention_variant"):
+        B, H, Sq, Sk, D = row["B"], row["H"], row["Sq"], row["Sk"], row["D"]
+        return (attention_flops(B, H, Sq, Sk, D, row.get("causal", False), row.get("stride", 1)),
+                attention_bytes(B, H, Sq, Sk, D, elem))
+    if op == "matmul_qk":
+        batch = row["B"] * row["H"]
+        return matmul_flops(row["Sq"], row["Sk"], row["D"], batch), matmul_bytes(row["Sq"], row["Sk"], row["D"], batch, elem)
+    if op == "matmul_av":
+        batch = row["B"] * row["H"]
+        return matmul_flops(row["Sq"], row["D"], row["Sk"], batch), matmul_bytes(row["Sq"], row["D"], row["Sk"], batch, elem)
+    if op == "softmax":
+        rows = row["B"] * row["H"] * row["Sq"]
+        return softmax_flops(rows, row["Sk"]), softmax_bytes(rows, row["Sk"], elem)
+    if op in ("layer_norm", "add_layer_norm"):
+        return (layer_norm_flops(row["rows"], row["hidden"]),
+                layer_norm_bytes(row["rows"], row["hidden"], elem, residual=op == "add_layer_norm"))
+    if op == "mlp":
+        return mlp_flops(row["tokens"], row["hidden"], row["inner"]), mlp_bytes(row["tokens"], row["hidden"], row["inner"], elem)
+    if op in ("linear1", "linear2"):
+        return matmul_flops(row["M"], row["N"], row["K"]), matmul_bytes(row["M"], row["N"], row["K"], 1, elem)
+    return None
+
+
 def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 

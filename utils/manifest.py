@@ -1,0 +1,66 @@
+"""Manifests: what a folder declares about its results, and how declarations read them.
+
+A folder whose README carries measured numbers holds a `manifest.json` (utils/MANIFEST.md): the
+results files it writes, the module that writes them, its tables and plots. Course tooling (the
+renderer, the full GPU job, the grader) finds phases through these files, never by importing them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from utils.build import REPO_ROOT
+
+# The fields that say which problem a row measured: a peer row must agree on every one the row has.
+SHAPE_KEYS = ("op", "B", "H", "Sq", "Sk", "D", "dtype", "causal", "stride", "rows", "hidden",
+              "tokens", "inner", "batch", "seq")
+
+
+def manifests() -> list[Path]:
+    """Every manifest.json of the course (the top level, phases, their lessons and final)."""
+    found = [REPO_ROOT / "manifest.json", *REPO_ROOT.glob("*/manifest.json"), *REPO_ROOT.glob("*/*/manifest.json")]
+    return sorted({p for p in found if p.exists() and ".venv" not in p.parts and "build" not in p.parts})
+
+
+def load_manifest(folder: Path) -> dict:
+    path = Path(folder) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["_dir"] = path.parent
+    return manifest
+
+
+def load_doc(manifest: dict, source: str | None) -> tuple[dict | None, Path]:
+    """The results document a declaration reads (its `source`, else the manifest's `results`)."""
+    path = (manifest["_dir"] / (source or manifest.get("results", "results/metrics.json"))).resolve()
+    return (json.loads(path.read_text()) if path.exists() else None), path
+
+
+def rows_at(doc: dict, path: str) -> list[dict]:
+    """The list of records at a dotted path ('rows', 'ncu.kernels'). A dict of records or of lists
+    of records ('ncu.records' = {impl: [...]}) is flattened, each record given its key as `impl`."""
+    node = doc
+    for part in path.split("."):
+        node = node.get(part, []) if isinstance(node, dict) else []
+    if isinstance(node, dict):
+        return [{"impl": key, **r} for key, records in node.items()
+                for r in (records if isinstance(records, list) else [records])]
+    return list(node)
+
+
+def matches(row: dict, where: dict) -> bool:
+    """A `where` value is the field's value, or a list of accepted values."""
+    for key, want in where.items():
+        have = row.get(key)
+        if isinstance(want, list) and not isinstance(have, list):
+            if have not in want:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def peer_row(rows: list[dict], row: dict, peer: str) -> dict | None:
+    """The row of impl `peer` that measured the same problem as `row`."""
+    shape = {k: row[k] for k in SHAPE_KEYS if k in row}
+    return next((r for r in rows if r.get("impl") == peer and matches(r, shape)), None)

@@ -1,0 +1,236 @@
+"""The plots a manifest declares, drawn from results files (utils/MANIFEST.md lists each kind).
+
+    lines     one field against another, a line per series, a panel per value of `panels`
+    bars      one field per row, grouped by `group`, a bar per series
+    roofline  the rows at their FLOP/byte models (a colour per impl; `label_by` fields written beside each point), under the measured ceilings; ncu's DRAM, L2 and
+              L1 bytes per impl move each point to its measured intensity at that level
+
+Every implementation has one colour across the course (COLORS, then a stable fallback), every
+figure carries its environment stamp, and legends sit outside the axes so that no point hides.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from utils import roofline
+from utils.manifest import load_doc, matches, rows_at
+
+# One colour per implementation, wherever it is drawn.
+COLORS = {
+    "torch_naive": "#7f7f7f", "sdpa_math": "#bcbd22", "sdpa_efficient": "#17becf", "sdpa_flash": "#1f77b4",
+    "sdpa_cudnn": "#9467bd", "cublas": "#8c564b", "torch_layer_norm": "#7f7f7f", "torch_mlp": "#8c564b",
+    "torch_mlp_compiled": "#c49c94", "torch_eager": "#7f7f7f", "torch_sdpa": "#1f77b4",
+    "torch_sdpa_compiled": "#aec7e8",
+    "phase2_naive": "#d62728", "phase3_tiled_t8": "#ffbb78", "phase3_tiled_t16": "#ff7f0e",
+    "phase3_tiled_t32": "#e377c2", "phase4_coalesced": "#2ca02c", "phase5_fused_teaching": "#98df8a",
+    "phase5_fused": "#006400", "phase5_fused_tc": "#000080", "phase6_layer_norm": "#2ca02c",
+    "phase6_mlp": "#2ca02c", "optimized": "#006400",
+}
+FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
+LEVEL_STYLE = {"dram": ("o", "DRAM"), "l2": ("s", "L2"), "l1": ("^", "L1/shared")}
+CEILING_LABELS = {"fp32_TFLOPs": "FP32 FFMA peak", "sgemm_TFLOPs": "cuBLAS SGEMM",
+                  "tf32_tc_TFLOPs": "TF32 tensor cores", "fp16_tc_TFLOPs": "FP16 tensor cores",
+                  "bf16_tc_TFLOPs": "BF16 tensor cores"}
+
+
+def color(impl: str) -> str:
+    for name in sorted(COLORS, key=len, reverse=True):   # phase5_fused_tc_D64 -> phase5_fused_tc
+        if impl == name or impl.startswith(name + "_"):
+            return COLORS[name]
+    return FALLBACK[zlib.crc32(impl.encode()) % len(FALLBACK)]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def stamp(env: dict) -> str:
+    return f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}"
+
+
+def series_name(row: dict, keys) -> str:
+    keys = [keys] if isinstance(keys, str) else keys
+    return " ".join(str(row.get(k)) for k in keys)
+
+
+def panel_title(key_values: tuple, keys: list[str]) -> str:
+    parts = []
+    for k, v in zip(keys, key_values):
+        parts.append(("causal" if v else "non-causal") if k == "causal" else f"{k}={v}")
+    return ", ".join(parts)
+
+
+def draw_lines(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
+    plt = _pyplot()
+    panels_by = plot.get("panels", [])
+    panels = sorted({tuple(r.get(k) for k in panels_by) for r in rows}, key=lambda t: tuple(map(str, t))) or [()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.2, 4.2), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        subset = [r for r in rows if tuple(r.get(k) for k in panels_by) == key]
+        for name in dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in subset):
+            pts = sorted((r[plot["x"]], r[plot["y"]]) for r in subset
+                         if series_name(r, plot.get("series", "impl")) == name and r.get(plot["y"]) is not None)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3.5, label=name,
+                    color=color(name))
+        ax.set_xscale("log", base=2) if plot.get("logx", True) else None
+        ax.set_yscale("log") if plot.get("logy", False) else None
+        ax.set_xlabel(plot.get("xlabel", plot["x"]))
+        ax.set_ylabel(plot.get("ylabel", plot["y"]))
+        ax.set_title(panel_title(key, panels_by), fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    _finish(fig, plt, plot["title"], env, path, right=1 - 2.0 / fig.get_figwidth())
+
+
+def draw_bars(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
+    plt = _pyplot()
+    groups = list(dict.fromkeys(series_name(r, plot["group"]) for r in rows))
+    series = list(dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in rows))
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) + 3), 4.4))
+    for n, name in enumerate(series):
+        xs, ys = [], []
+        for g, group in enumerate(groups):
+            found = [r for r in rows if series_name(r, plot["group"]) == group
+                     and series_name(r, plot.get("series", "impl")) == name and r.get(plot["y"]) is not None]
+            if found:
+                xs.append(g + (n - (len(series) - 1) / 2) * width)
+                ys.append(found[0][plot["y"]] * plot.get("scale", 1))
+        ax.bar(xs, ys, width, label=name, color=color(name))
+    ax.set_xticks(range(len(groups)), groups, rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center",
+                  fontsize=8)
+    ax.set_xlabel(plot.get("xlabel", " ".join([plot["group"]] if isinstance(plot["group"], str) else plot["group"])))
+    ax.set_ylabel(plot.get("ylabel", plot["y"]))
+    ax.set_yscale("log") if plot.get("logy", False) else None
+    if "hline" in plot:
+        ax.axhline(plot["hline"]["y"], color="black", linestyle="--", linewidth=1)
+        ax.annotate(plot["hline"]["label"], (len(groups) - 0.5, plot["hline"]["y"]), ha="right", va="bottom", fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _finish(fig, plt, plot["title"], env, path)
+
+
+def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict) -> None:
+    """Each row at its analytic intensity (filled, the minimum bytes) and, where ncu measured the
+    impl's bytes, at its measured intensity per memory level (hollow, joined to the filled one)."""
+    plt = _pyplot()
+    ceilings = doc["ceilings"]
+    measured = measured_bytes(plot, doc)
+    points = []
+    for r in rows:
+        model = roofline.row_model(r)
+        if model is None or not r.get("ms"):
+            continue
+        flops, nbytes = model
+        points.append((r["impl"], r, flops, nbytes, r["ms"]))
+    fig, ax = plt.subplots(figsize=(10.5, 6))
+    intensities = [f / b for _, _, f, b, _ in points] + [
+        f / m for _, row, f, _, _ in points for m in measured.get(ncu_key(plot, row), {}).values() if m]
+    lo = min([0.05] + [i / 3 for i in intensities])
+    hi = max([2000.0] + [i * 3 for i in intensities])
+    xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
+    bandwidth = ceilings["dram_TBps"] * 1e12
+    for n, key in enumerate(k for k in plot.get("ceilings", ["fp32_TFLOPs", "sgemm_TFLOPs"]) if k in ceilings):
+        peak = ceilings[key] * 1e12
+        ax.plot(xs, [min(peak, bandwidth * x) / 1e12 for x in xs], linestyle=["-", "--", "-.", ":"][n % 4],
+                color="black", linewidth=1.1)
+        ax.annotate(f"{CEILING_LABELS.get(key, key)} {ceilings[key]:.0f} TFLOP/s", (hi, peak / 1e12), ha="right",
+                    va="bottom" if n % 2 == 0 else "top", fontsize=8)
+    ax.annotate(f"DRAM {ceilings['dram_TBps']:.2f} TB/s", (lo * 1.5, bandwidth * lo * 1.5 / 1e12), fontsize=8, va="bottom")
+    labelled = set()
+    for name, row, flops, nbytes, ms in points:
+        y = flops / (ms * 1e-3) / 1e12
+        c = color(name)
+        ax.scatter([flops / nbytes], [y], color=c, zorder=3, s=30, label=None if name in labelled else name)
+        labelled.add(name)
+        detail = series_name(row, [k for k in plot.get("label_by", []) if k in row])
+        if detail:
+            ax.annotate(detail, (flops / nbytes, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color=c)
+        for level, level_bytes in measured.get(ncu_key(plot, row), {}).items():
+            if level_bytes:
+                marker = LEVEL_STYLE[level][0]
+                ax.scatter([flops / level_bytes], [y], facecolors="none", edgecolors=[c], marker=marker, zorder=3, s=30)
+                ax.plot([flops / level_bytes, flops / nbytes], [y, y], color=c, linewidth=0.6, alpha=0.5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    if measured:
+        levels = sorted({lv for m in measured.values() for lv, b in m.items() if b}, key=list(LEVEL_STYLE).index)
+        key = "; ".join(f"{LEVEL_STYLE[lv][0]} {LEVEL_STYLE[lv][1]}" for lv in levels)
+        ax.text(0.01, 0.99, f"filled: minimum bytes; hollow (ncu bytes): {key}", transform=ax.transAxes,
+                fontsize=7, va="top")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _finish(fig, plt, plot["title"], env, path)
+
+
+def ncu_key(plot: dict, record: dict) -> tuple:
+    """Which ncu records belong to a row: those that agree on the fields of `ncu.by` (impl)."""
+    return tuple(record.get(k) for k in plot.get("ncu", {}).get("by", ["impl"]))
+
+
+def measured_bytes(plot: dict, doc: dict) -> dict:
+    """ncu_key -> {level: bytes summed over its kernels} from the declared ncu records."""
+    spec = plot.get("ncu")
+    if not spec:
+        return {}
+    fields = {"dram": ("dram_bytes",), "l2": ("l2_bytes",), "l1": ("l1_bytes",)}
+    out: dict = {}
+    for r in rows_at(doc, spec.get("rows", "ncu.kernels")):
+        if not matches(r, spec.get("where", {})) or "impl" not in r:
+            continue
+        per = out.setdefault(ncu_key(plot, r), {})
+        for level in spec.get("levels", ["dram"]):
+            value = _bytes(r, fields[level][0])
+            if value is not None:
+                per[level] = per.get(level, 0.0) + value
+    return out
+
+
+def _bytes(record: dict, field: str):
+    if record.get(field) is not None:
+        return record[field]
+    if field == "dram_bytes" and record.get("dram_read_bytes") is not None:
+        return record["dram_read_bytes"] + (record.get("dram_write_bytes") or 0)
+    return None
+
+
+def _finish(fig, plt, title: str, env: dict, path: Path, right: float | None = None) -> None:
+    fig.suptitle(f"{title}\n{stamp(env)}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, right or 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def draw(plot: dict, manifest: dict) -> Path | None:
+    """Draw one declared plot; None where its results file does not exist yet."""
+    doc, _ = load_doc(manifest, plot.get("source"))
+    if doc is None:
+        return None
+    rows = [r for r in rows_at(doc, plot.get("rows", "rows")) if matches(r, plot.get("where", {}))]
+    path = manifest["_dir"] / plot["file"]
+    if plot["kind"] == "roofline":
+        draw_roofline(plot, rows, doc["env"], path, doc)
+    else:
+        {"lines": draw_lines, "bars": draw_bars}[plot["kind"]](plot, rows, doc["env"], path)
+    return path
+
+
+def draw_all(manifest: dict) -> list[Path]:
+    return [p for p in (draw(plot, manifest) for plot in manifest.get("plots", [])) if p is not None]

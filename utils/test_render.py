@@ -1,0 +1,123 @@
+"""The renderer: declared tables and plots from a results file, between one kind of marker."""
+
+import json
+
+import pytest
+
+from utils import plots, render
+from utils.manifest import load_manifest, peer_row, rows_at
+
+ENV = {"gpu": "Test GPU", "sms": 1, "torch": "2.x", "cuda": "13.0", "driver": "1", "date": "2026-01-02T00:00:00",
+       "commit": "abc1234"}
+ROWS = [
+    {"impl": "ours", "op": "attention", "B": 1, "H": 2, "Sq": 128, "Sk": 128, "D": 64, "dtype": "float32",
+     "causal": False, "ms": 2.0, "tflops": 1.5, "gbps": 1500.0},
+    {"impl": "peer", "op": "attention", "B": 1, "H": 2, "Sq": 128, "Sk": 128, "D": 64, "dtype": "float32",
+     "causal": False, "ms": 1.0, "tflops": 3.0, "gbps": 3000.0},
+    {"impl": "peer", "op": "attention", "B": 1, "H": 2, "Sq": 256, "Sk": 256, "D": 64, "dtype": "float32",
+     "causal": False, "ms": 4.0, "tflops": 3.0, "gbps": 1000.0},
+]
+DOC = {"env": ENV, "ceilings": {"dram_TBps": 3.0, "fp32_TFLOPs": 50.0}, "rows": ROWS,
+       "ncu": {"kernels": {"ours": [{"dram_bytes": 1e6, "l2_bytes": 2e6}, {"dram_bytes": 3e6}]}}}
+
+
+def make_folder(tmp_path, tables=(), plots_=(), readme_tables=None):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "metrics.json").write_text(json.dumps(DOC))
+    names = readme_tables if readme_tables is not None else [t["name"] for t in tables]
+    body = "".join(f"Hand-written text.\n\n<!-- table:{n} -->\nold\n<!-- /table:{n} -->\n\nmore.\n" for n in names)
+    (tmp_path / "README.md").write_text("# Title\n\n" + body)
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "t", "tables": list(tables), "plots": list(plots_)}))
+    return load_manifest(tmp_path)
+
+
+def test_table_rows_columns_and_peer_ratio(tmp_path):
+    table = {"name": "t1", "where": {"Sq": 128}, "sort": ["ms"], "bold": {"impl": "ours"},
+             "columns": [{"key": "impl"}, {"key": "ms"}, {"speedup_over": "peer"},
+                         {"key": "gbps", "scale": 1e-3, "share_of": "dram_TBps", "label": "% of copy"}]}
+    manifest = make_folder(tmp_path, [table])
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "| impl | ms | × peer | % of copy |" in text
+    assert "| peer | 1 | 1 | 100% |" in text
+    assert "| **ours** | 2 | 0.5 | 50% |" in text
+    assert "| peer | 4 |" not in text                     # other S filtered out
+    assert "old" not in text and "Hand-written text." in text and "more." in text
+    assert "Test GPU" in text and "abc1234" in text       # the environment line
+
+
+def test_rendering_twice_changes_nothing(tmp_path):
+    manifest = make_folder(tmp_path, [{"name": "t1", "columns": [{"key": "impl"}, {"key": "ms"}]}])
+    render.render_tables(manifest)
+    first = (tmp_path / "README.md").read_text()
+    render.render_tables(manifest)
+    assert (tmp_path / "README.md").read_text() == first
+
+
+def test_declared_table_without_markers_is_refused(tmp_path):
+    manifest = make_folder(tmp_path, [{"name": "t1", "columns": [{"key": "impl"}]}], readme_tables=[])
+    with pytest.raises(ValueError, match="t1"):
+        render.render_tables(manifest)
+
+
+def test_targets_table_says_met_or_not(tmp_path):
+    targets = {"name": "goals", "kind": "targets", "targets": [
+        {"name": "ours at peer speed", "where": {"impl": "ours", "Sq": 128}, "peer": "peer", "at_least": 1.0},
+        {"name": "half of copy", "where": {"impl": "ours", "Sq": 128}, "key": "gbps", "scale": 1e-3,
+         "format": "pct", "at_least": 0.4}]}
+    manifest = make_folder(tmp_path, [targets])
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "| ours at peer speed | 0.50x | ≥ 1.00x | no |" in text
+    assert "| half of copy | 150% | ≥ 40% | yes |" in text
+
+
+def test_missing_results_leave_a_note(tmp_path):
+    manifest = make_folder(tmp_path, [{"name": "t1", "source": "results/none.json", "columns": [{"key": "impl"}]}])
+    render.render_tables(manifest)
+    assert "No results yet" in (tmp_path / "README.md").read_text()
+
+
+def test_rows_at_flattens_records_by_impl():
+    flat = rows_at(DOC, "ncu.kernels")
+    assert [r["impl"] for r in flat] == ["ours", "ours"]
+    assert rows_at({"a": {"x": {"t": 1}}}, "a") == [{"impl": "x", "t": 1}]
+
+
+def test_peer_row_needs_the_same_problem():
+    assert peer_row(ROWS, ROWS[0], "peer") is ROWS[1]
+    assert peer_row(ROWS, {**ROWS[0], "Sq": 512}, "peer") is None
+
+
+def test_plots_are_drawn(tmp_path):
+    declared = [{"kind": "lines", "file": "results/lines.png", "title": "t", "where": {"op": "attention"},
+                 "x": "Sq", "y": "tflops", "panels": ["D", "causal"], "logy": True},
+                {"kind": "bars", "file": "results/bars.png", "title": "t", "group": ["Sq"], "y": "ms"},
+                {"kind": "roofline", "file": "results/roof.png", "title": "t", "where": {"Sq": 128},
+                 "ncu": {"levels": ["dram", "l2"]}}]
+    manifest = make_folder(tmp_path, plots_=declared)
+    drawn = plots.draw_all(manifest)
+    assert [p.name for p in drawn] == ["lines.png", "bars.png", "roof.png"]
+    assert all(p.stat().st_size > 1000 for p in drawn)
+    assert plots.measured_bytes(declared[2], DOC) == {("ours",): {"dram": 4e6, "l2": 2e6}}
+
+
+def test_one_colour_per_implementation():
+    assert plots.color("phase5_fused_tc_D64") == plots.color("phase5_fused_tc")
+    assert plots.color("phase5_fused") != plots.color("phase5_fused_tc")
+    assert plots.color("something_new") == plots.color("something_new")
+
+
+def test_every_course_manifest_renders_its_tables(tmp_path):
+    """Each manifest of the course has a marker for each declared table, and rendering the committed
+    results into a copy of its README works."""
+    from utils.manifest import manifests
+
+    for path in manifests():
+        manifest = load_manifest(path.parent)
+        readme = manifest["_dir"] / manifest.get("readme", "README.md")
+        copy = tmp_path / path.parent.name
+        copy.mkdir()
+        (copy / "README.md").write_text(readme.read_text())
+        manifest["readme"] = str(copy / "README.md")
+        render.render_tables(manifest)
