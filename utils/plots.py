@@ -149,7 +149,15 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
                 color="black", linewidth=1.1)
         ax.annotate(f"{CEILING_LABELS.get(key, key)} {ceilings[key]:.0f} TFLOP/s", (hi, peak / 1e12), ha="right",
                     va="bottom" if n % 2 == 0 else "top", fontsize=8)
-    ax.annotate(f"DRAM {ceilings['dram_TBps']:.2f} TB/s", (lo * 1.5, bandwidth * lo * 1.5 / 1e12), fontsize=8, va="bottom")
+    top = max(ceilings.get(k, 0) for k in plot.get("ceilings", ["fp32_TFLOPs"])) * 1e12
+    for level, key in (("dram", "dram_TBps"), ("l2", "l2_TBps"), ("l1", "l1_TBps")):
+        if ceilings.get(key):   # the memory roofs the ceilings file has: DRAM, and L2 and L1/shared once measured
+            slope = ceilings[key] * 1e12
+            if level != "dram":   # the DRAM roof is drawn with the compute ceilings above
+                ax.plot(xs, [min(top, slope * x) / 1e12 for x in xs], color="gray", linewidth=0.9, linestyle=":")
+            x_at = lo * 1.5
+            ax.annotate(f"{LEVEL_STYLE[level][1]} {ceilings[key]:.1f} TB/s", (x_at, slope * x_at / 1e12), fontsize=7,
+                        va="bottom", rotation=0)
     labelled = set()
     for name, row, flops, nbytes, ms in points:
         y = flops / (ms * 1e-3) / 1e12

@@ -3,6 +3,8 @@
 Ceilings are measured once per GPU and cached in utils/results/ceilings.json (keyed by GPU name):
 - dram_TBps: device-to-device copy, bytes read + bytes written, over time;
 - fp32_TFLOPs: the FFMA micro-kernel (utils/csrc/ceilings.cu), 8 independent chains per thread;
+- l2_TBps: a buffer of a third of L2 read 64 times with 16-byte L2-only loads (ceilings.cu);
+- l1_TBps: conflict-free 16-byte shared-memory loads on every SM (ceilings.cu), the L1/shared roof;
 - sgemm_TFLOPs: cuBLAS SGEMM 8192^3 with TF32 off; tf32/fp16/bf16_tc_TFLOPs: the same with TF32 on,
   and in float16 / bfloat16 (tensor cores).
 
@@ -157,6 +159,19 @@ def measure_ceilings() -> dict:
     ms = _time(lambda: ops.ffma_peak(scratch, blocks, threads, iterations))
     ffma = blocks * threads * iterations * ceilings_ext.CHAINS_PER_THREAD
     out["fp32_TFLOPs"] = 2 * ffma / (ms * 1e-3) / 1e12
+
+    # L2: a buffer of a third of L2, read 64 times (the first pass brings it in from DRAM).
+    l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
+    buffer = torch.rand(l2_bytes // 3 // 16 * 4, device="cuda")
+    passes = 64
+    ms = _time(lambda: ops.l2_read(buffer, scratch, props.multi_processor_count * 8, 256, passes))
+    out["l2_TBps"] = buffer.numel() * 4 * passes / (ms * 1e-3) / 1e12
+    del buffer
+
+    # L1 / shared memory: 16-byte conflict-free shared loads, 8 blocks of 256 threads per SM.
+    blocks, iterations = props.multi_processor_count * 8, 8192
+    ms = _time(lambda: ops.smem_read(scratch, blocks, iterations))
+    out["l1_TBps"] = blocks * 256 * iterations * 16 / (ms * 1e-3) / 1e12
 
     n = 8192
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
