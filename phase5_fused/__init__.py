@@ -1,78 +1,8 @@
-"""Phase 5: fused FlashAttention-style attention in FP32 (online softmax, no S x S buffer).
+"""Phase 5: fused attention, one sub-package per lesson of the same shape.
 
-attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
-          return_lse=False, kernel="fast")
-    softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors,
-    D in {32, 64, 80, 96, 128}. kernel="teaching" runs fused_teaching.cu (Algorithm 1 in its
-    clearest form), kernel="fast" runs fused_fast.cu (register-tiled, cp.async, exp2, gathered
-    strided keys). Semantics are utils.reference's: bool mask True = attend or additive float mask
-    broadcastable to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0),
-    key_lengths [B] (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
-    Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
+    phase5_fused.fp32          FlashAttention's forward pass in FP32 (online softmax, no S x S buffer)
+    phase5_fused.tensor_cores  the same algorithm in FP16 / BF16 on mma.sync tensor cores
 
-Nothing is built at import; the extension is compiled on the first call (or load()).
-The FP16/BF16 tensor-core kernel lives in phase5_fused.tc (README_tensor_cores.md).
+Each lesson holds its kernels, its Python API (its __init__.py), run.py, tests, sanitizer cases,
+manifest.json, README.md and results/. Importing any of them builds nothing.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-import torch
-
-from utils.build import op_loader
-from utils.checks import check_attention_inputs, dim_in
-
-SUPPORTED_D = (32, 64, 80, 96, 128)
-KERNELS = ("fast", "teaching")
-# Tile configurations (Br x Bc) of the fast kernel per D, in variant order (fused_fast.cu's
-# launch_fast); variant 0 is the default.
-FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x64",), 128: ("64x64", "64x32")}
-FAST_VARIANTS = {D: len(tiles) for D, tiles in FAST_TILES.items()}
-SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_fast.cu"]
-
-
-def _register_fakes() -> None:
-    """Meta implementations so torch.compile can trace the ops (shapes only)."""
-
-    def fake(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, *variant):
-        B, H, Sq, _ = q.shape
-        lse = q.new_empty((B, H, Sq) if return_lse else (0,))
-        return torch.empty_like(q), lse
-
-    for name in ("attention_teaching", "attention_fast"):
-        torch.library.register_fake(f"phase5_fused::{name}")(fake)
-
-
-load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes)
-
-
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """The kernels read rows with 16-byte loads: copy a tensor whose data is not 16-byte aligned."""
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
-              return_lse=False, kernel="fast", variant=0):
-    """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
-    configuration for this D (0 = default; run.py compares them)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask=mask, stride=stride, dtypes=(torch.float32,),
-        supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths)
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    # (FAST_VARIANTS[D] is looked up only for a variant > 0: D may be symbolic under torch.compile)
-    if not isinstance(variant, int) or variant < 0 or (variant > 0 and variant >= FAST_VARIANTS[D]):
-        raise ValueError(f"variant must be in [0, {FAST_VARIANTS[D]}) for D={D}, got {variant!r}")
-    if not torch.compiler.is_compiling():  # traced tensors have no data pointer
-        q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    ops = load()
-    args = (q, k, v, mask, bool(is_causal), None if scale is None else float(scale),
-            1 if stride is None else int(stride), key_lengths, bool(return_lse))
-    if kernel == "fast":
-        out, lse = ops.attention_fast(*args, variant)
-    else:
-        out, lse = ops.attention_teaching(*args)
-    return (out, lse) if return_lse else out
