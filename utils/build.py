@@ -15,6 +15,7 @@ GPU is visible), so the kernels also compile on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import fcntl
 import os
@@ -39,16 +40,8 @@ CXX_FLAGS = ["-O3"]
 # (seen on the GPU box: a TORCH_CHECK that printed a size segfaulted).
 LD_FLAGS = ["-l:libstdc++.so.6"]
 
-# Phases (and utils) that own CUDA extensions; each package exposes `load()`.
-EXTENSION_PACKAGES = (
-    "utils.ceilings",
-    "phase2_naive",
-    "phase3_tiled",
-    "phase4_coalesced",
-    "phase5_fused",
-    "phase5_fused.tc",
-    "phase6_layernorm_mlp",
-)
+# utils' own extension (the ceilings' micro-kernels); the lessons' are found through their manifests.
+UTILS_EXTENSIONS = ("utils.ceilings",)
 
 
 class BuildSetupError(RuntimeError):
@@ -247,15 +240,40 @@ def _build_one(package: str, jobs: int) -> tuple[str, float, str]:
     return package, time.perf_counter() - start, error
 
 
+def module_file(package: str, root: Path = REPO_ROOT) -> Path:
+    """The file of a dotted package or module name (a package's __init__.py)."""
+    path = root / package.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def package_exists(package: str) -> bool:
-    path = REPO_ROOT / package.replace(".", "/")
-    return (path / "__init__.py").exists() or path.with_suffix(".py").exists()
+    return module_file(package).exists()
 
 
-def build_all(packages=EXTENSION_PACKAGES) -> bool:
-    """Build the given packages' extensions in parallel; print each build's time. True if all built."""
+def defines_load(package: str) -> bool:
+    """Whether a package's module defines a top-level load() (read, not imported)."""
+    path = module_file(package)
+    if not path.exists():
+        return False
+    body = ast.parse(path.read_text()).body
+    named = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+    named |= {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return "load" in named
+
+
+def extension_packages() -> list[str]:
+    """Every package that owns a CUDA extension (its load() builds it): utils.ceilings, then each
+    lesson of the course (utils.manifest.lessons) whose package defines load(), in course order."""
+    from utils.manifest import lessons
+
+    return [*UTILS_EXTENSIONS, *(m["name"] for m in lessons() if defines_load(m["name"]))]
+
+
+def build_all(packages=None) -> bool:
+    """Build the given packages' extensions (default: every one) in parallel; print each build's
+    time. True if all built."""
     check_setup()
-    present = [p for p in packages if package_exists(p)]
+    present = [p for p in (extension_packages() if packages is None else packages) if package_exists(p)]
     workers = max(1, min(len(present), os.cpu_count() or 1))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     print(f"building {len(present)} extensions, {workers} at a time, "
@@ -274,12 +292,12 @@ def build_all(packages=EXTENSION_PACKAGES) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--all", action="store_true", help="build every phase's extension")
-    parser.add_argument("packages", nargs="*", help="packages to build, e.g. phase2_naive")
+    parser.add_argument("packages", nargs="*", help="packages to build (names of lessons' packages)")
     args = parser.parse_args(argv)
     if not args.all and not args.packages:
         parser.error("name packages to build, or --all")
     try:
-        return 0 if build_all(EXTENSION_PACKAGES if args.all else args.packages) else 1
+        return 0 if build_all(None if args.all else args.packages) else 1
     except BuildSetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -18,9 +18,10 @@ by a TODO that still compiles and imports:
 Inside a region, a comment line `// STUB: <code>` (Python: `# STUB: <code>`) becomes `<code>` in
 the kit: the minimal code the rest of the file needs to compile (a declaration, a return value).
 
-The kit also gets TODO.md (every TODO with its file and line) and a conftest.py that appends the
-TODOs still present in a phase to the message of each of that phase's failing tests, so a failure
-points at the code to write. The generator itself (this file, utils/test_student.py) is left out.
+The kit also gets TODO.md (every TODO with its file and line, by lesson) and a conftest.py that
+appends the TODOs still present in a lesson to the message of each of that lesson's failing tests,
+so a failure points at the code to write. Lessons are the folders whose manifest.json gives an
+`order` (utils/MANIFEST.md). The generator itself (this file, utils/test_student.py) is left out.
 """
 
 from __future__ import annotations
@@ -164,34 +165,47 @@ def generate(out: str | Path, root: Path = REPO_ROOT) -> list[Todo]:
     return todos
 
 
+def lesson_folders() -> dict[str, str]:
+    """Folder (relative to the repository root) -> name of every lesson, from the manifests."""
+    from utils.manifest import lessons
+
+    return {m["_dir"].relative_to(REPO_ROOT).as_posix(): m["name"] for m in lessons()}
+
+
+def lesson_of(path: str, folders: dict[str, str]) -> str:
+    """The lesson whose folder holds the file (the deepest one), else the file's top folder."""
+    holders = [f for f in folders if path.startswith(f + "/")]
+    return folders[max(holders, key=len)] if holders else path.split("/")[0]
+
+
 def todo_markdown(todos: list[Todo]) -> str:
     lines = ["# Student starter kit: what to write", "",
              "Each item is a `TODO(student)` in the code: the solution's code was removed there, so the",
-             "phase's tests fail until you write it. Build with `make build` (or the phase's `load()`),",
-             "test with `python -m pytest PHASE_DIR` on a GPU. Delete a TODO line once you have written",
-             "its part: the failing tests list the TODOs still left in their phase.", ""]
+             "lesson's tests fail until you write it. Build with `make build` (or the lesson's `load()`),",
+             "test with `python -m pytest LESSON_DIR` on a GPU. Delete a TODO line once you have written",
+             "its part: the failing tests list the TODOs still left in their lesson.", ""]
+    folders = lesson_folders()
     current = None
     for t in todos:
-        phase = t.path.split("/")[0]
-        if phase != current:
-            lines += ["", f"## {phase}", ""]
-            current = phase
+        lesson = lesson_of(t.path, folders)
+        if lesson != current:
+            lines += ["", f"## {lesson}", ""]
+            current = lesson
         lines.append(f"- [ ] `{t.path}:{t.line}` {t.text}")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
 
 
 def extension_packages_touched(todos: list[Todo], root: Path) -> list[str]:
-    """The extension packages (utils.build.EXTENSION_PACKAGES) whose sources hold a TODO."""
-    from utils.build import EXTENSION_PACKAGES
+    """The extension packages (utils.build.extension_packages) whose sources hold a TODO."""
+    from utils.build import extension_packages, module_file
 
     touched = []
-    for package in EXTENSION_PACKAGES:
-        module = root / package.replace(".", "/")
-        module_file = module / "__init__.py" if module.is_dir() else module.with_suffix(".py")
-        if not module_file.exists():
+    for package in extension_packages():
+        source = module_file(package, root)
+        if not source.exists():
             continue
-        folder = module_file.parent.relative_to(root).as_posix()
-        module_text = module_file.read_text()
+        folder = source.parent.relative_to(root).as_posix()
+        module_text = source.read_text()
         for t in todos:
             path = Path(t.path)
             if path.parent.as_posix() != folder:
@@ -204,15 +218,26 @@ def extension_packages_touched(todos: list[Todo], root: Path) -> list[str]:
     return touched
 
 
-# conftest.py of the kit: a failing test's report gets the TODOs still left in its phase.
-KIT_CONFTEST = r'''"""Student starter kit: a failing test's message lists the TODO(student) items left in its phase."""
+# conftest.py of the kit: a failing test's report gets the TODOs still left in its lesson.
+KIT_CONFTEST = r'''"""Student starter kit: a failing test's message lists the TODO(student) items left in its lesson."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent
 CODE_SUFFIXES = {".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c", ".py"}
+
+
+def lessons():
+    """Folder (relative to the kit) -> order of every lesson, from the kit's manifest.json files."""
+    found = {}
+    for path in [*ROOT.glob("*/manifest.json"), *ROOT.glob("*/*/manifest.json")]:
+        order = json.loads(path.read_text()).get("order")
+        if order is not None:
+            found[path.parent.relative_to(ROOT)] = order
+    return found
 
 
 def todos_in(folders):
@@ -230,20 +255,28 @@ def todos_in(folders):
     return found
 
 
+def todos_for(test_file):
+    """The TODOs of the lesson that holds the test; a lesson with none of its own (final) builds
+    on the lessons before it, and a test from outside the kit (hidden tests) may test any."""
+    orders = lessons()
+    try:
+        rel = test_file.resolve().relative_to(ROOT)
+    except ValueError:
+        return todos_in(sorted(orders))
+    holders = [f for f in orders if f in rel.parents]
+    if not holders:
+        return []
+    holder = max(holders, key=lambda f: len(f.parts))
+    return todos_in([holder]) or todos_in(sorted(f for f in orders if orders[f] < orders[holder]))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if not report.failed:
         return
-    try:
-        top = Path(str(item.fspath)).resolve().relative_to(ROOT).parts[0]
-    except ValueError:  # a test from outside the kit (an instructor's hidden tests)
-        top = None
-    phases = sorted(p.name for p in ROOT.glob("phase*") if p.is_dir())
-    # final/ builds on every phase, and a test from elsewhere may test any: point at all of them.
-    folders = [top] if top in phases else phases if top in ("final", None) else []
-    left = todos_in(folders)
+    left = todos_for(Path(str(item.fspath)))
     if not left:
         return
     title = "starter kit: TODO(student) still in the code this test exercises"

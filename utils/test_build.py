@@ -79,3 +79,15 @@ def test_build_all_reports_failures(monkeypatch, capsys):
     assert build.build_all(("good",)) is True
     assert build.build_all(("good", "bad")) is False
     assert "FAILED: boom" in capsys.readouterr().out
+
+
+def test_extension_packages_are_found_through_the_manifests():
+    from utils.manifest import lessons
+
+    found = build.extension_packages()
+    assert found[0] == "utils.ceilings" and build.defines_load("utils.ceilings")
+    assert not build.defines_load("utils.reference")
+    # Every lesson whose folder holds kernels owns an extension, and nothing else is listed.
+    with_kernels = [m["name"] for m in lessons() if any(m["_dir"].glob("*.cu"))]
+    assert with_kernels and set(with_kernels) <= set(found)
+    assert all(build.defines_load(p) for p in found)

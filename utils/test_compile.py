@@ -2,13 +2,13 @@
 
 import pytest
 
-from utils.build import EXTENSION_PACKAGES, build_all, package_exists
+from utils.build import build_all, extension_packages, package_exists
 from utils.testing import requires_toolkit
 
 
 @requires_toolkit
 @pytest.mark.compile
 def test_every_extension_builds():
-    present = [p for p in EXTENSION_PACKAGES if package_exists(p)]
+    present = [p for p in extension_packages() if package_exists(p)]
     assert present, "no extension packages found"
     assert build_all(present), "some extensions failed to build (their logs are printed above)"

@@ -1,11 +1,13 @@
 """The student starter kit generates, strips every solution region, imports and compiles (no GPU)."""
 
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from utils.build import EXTENSION_PACKAGES
+from utils.build import extension_packages
 from utils.student import (REPO_ROOT, TODO_TAG, StudentKitError, comment_style, course_files,
                            extension_packages_touched, find_regions, generate, transform)
 from utils.testing import requires_toolkit
@@ -34,7 +36,7 @@ def test_the_solutions_mark_the_kernels_students_write():
     for phase in ("phase2_naive", "phase3_tiled", "phase4_coalesced", "phase5_fused",
                   "phase6_layernorm_mlp"):
         assert any(p.startswith(phase + "/") for p in marked), f"{phase}: no BEGIN SOLUTION region"
-    assert "phase5_fused/fused_teaching.cu" in marked
+    assert "phase5_fused/fp32/fused_teaching.cu" in marked
     assert "phase6_layernorm_mlp/layer_norm.cu" in marked
 
 
@@ -109,25 +111,37 @@ def test_refuses_to_overwrite(tmp_path):
 def test_kit_python_imports(kit):
     out, _ = kit
     packages = sorted(p.parent.name for p in out.glob("*/__init__.py"))
-    packages += [p for p in EXTENSION_PACKAGES if p not in packages]
+    packages += [p for p in extension_packages() if p not in packages]
     code = "import importlib\n" + "".join(f"importlib.import_module({p!r})\n" for p in packages)
     proc = subprocess.run([sys.executable, "-c", code], cwd=out, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_kit_failure_messages_point_at_the_todos(kit):
-    """The kit's conftest appends a phase's TODOs to the report of its failing tests."""
+    """The kit's conftest appends a lesson's TODOs to the report of its failing tests; a later
+    lesson without TODOs of its own points at the earlier lessons', a folder that is no lesson at none."""
     out, todos = kit
-    probe = out / "phase2_naive" / "test_zz_probe.py"
-    probe.write_text("def test_fails():\n    assert False, 'kernel output wrong'\n")
+    later, tool = out / "zz_later_lesson", out / "zz_tool"
+    for folder in (later, tool):
+        folder.mkdir()
+    (later / "manifest.json").write_text('{"name": "zz_later_lesson", "order": 99}')
+    probes = [out / "phase2_naive" / "test_zz_lesson.py", later / "test_zz_later.py", tool / "test_zz_tool.py"]
+    for probe in probes:
+        probe.write_text("def test_fails():\n    assert False, 'kernel output wrong'\n")
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               str(probe.relative_to(out))], cwd=out, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider",
+                               *(str(p.relative_to(out)) for p in probes)], cwd=out, capture_output=True, text=True,
+                              env=dict(os.environ, COLUMNS="1000"))  # summary lines in full
     finally:
-        probe.unlink()
+        probes[0].unlink()
+        for folder in (later, tool):
+            shutil.rmtree(folder)
     assert proc.returncode == 1, proc.stdout[-3000:]
     first = next(t for t in todos if t.path.startswith("phase2_naive/"))
-    assert f"{first.path}:{first.line}" in proc.stdout, proc.stdout[-3000:]
+    summary = {line.split(" ")[1].split("::")[0]: line for line in proc.stdout.splitlines() if line.startswith("FAILED")}
+    assert f"first at {first.path}:{first.line}" in summary["phase2_naive/test_zz_lesson.py"], proc.stdout[-3000:]
+    assert "TODO(student) left" in summary["zz_later_lesson/test_zz_later.py"], proc.stdout[-3000:]
+    assert "TODO(student)" not in summary["zz_tool/test_zz_tool.py"], proc.stdout[-3000:]
 
 
 @requires_toolkit
