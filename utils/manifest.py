@@ -23,6 +23,12 @@ def manifests() -> list[Path]:
     return sorted({p for p in found if p.exists() and ".venv" not in p.parts and "build" not in p.parts})
 
 
+def lessons() -> list[dict]:
+    """The manifests that place a lesson in the course (an `order`), loaded, in course order."""
+    loaded = [load_manifest(path.parent) for path in manifests()]
+    return sorted((m for m in loaded if "order" in m), key=lambda m: m["order"])
+
+
 def load_manifest(folder: Path) -> dict:
     path = Path(folder) / "manifest.json"
     manifest = json.loads(path.read_text())
