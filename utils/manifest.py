@@ -13,8 +13,8 @@ from pathlib import Path
 from utils.build import REPO_ROOT
 
 # The fields that say which problem a row measured: a peer row must agree on every one the row has.
-SHAPE_KEYS = ("op", "B", "H", "Sq", "Sk", "D", "dtype", "causal", "stride", "rows", "hidden",
-              "tokens", "inner", "batch", "seq")
+SHAPE_KEYS = ("op", "B", "H", "S", "Sq", "Sk", "D", "dtype", "causal", "stride", "rows", "hidden",
+              "tokens", "inner", "batch", "seq", "M", "N", "K")
 
 
 def manifests() -> list[Path]:
@@ -44,18 +44,22 @@ def load_doc(manifest: dict, source: str | None) -> tuple[dict | None, Path]:
 
 def rows_at(doc: dict, path: str) -> list[dict]:
     """The list of records at a dotted path ('rows', 'ncu.kernels'). A dict of records or of lists
-    of records ('ncu.records' = {impl: [...]}) is flattened, each record given its key as `impl`."""
+    of records ('ncu.records' = {impl: [...]}) is flattened, each record given its key as `impl`;
+    a dict of plain values ({name: share}) becomes records {"impl": name, "value": share}."""
     node = doc
     for part in path.split("."):
         node = node.get(part, []) if isinstance(node, dict) else []
     if isinstance(node, dict):
-        return [{"impl": key, **r} for key, records in node.items()
+        return [{"impl": key, **(r if isinstance(r, dict) else {"value": r})} for key, records in node.items()
                 for r in (records if isinstance(records, list) else [records])]
     return list(node)
 
 
-def matches(row: dict, where: dict) -> bool:
-    """A `where` value is the field's value, or a list of accepted values."""
+def matches(row: dict, where: dict | list) -> bool:
+    """A `where` value is the field's value, or a list of accepted values; a list of `where`s
+    accepts a row that matches any of them."""
+    if isinstance(where, list):
+        return any(matches(row, alternative) for alternative in where)
     for key, want in where.items():
         have = row.get(key)
         if isinstance(want, list) and not isinstance(have, list):

@@ -115,9 +115,8 @@ def draw_bars(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
     ax.set_xlabel(plot.get("xlabel", " ".join([plot["group"]] if isinstance(plot["group"], str) else plot["group"])))
     ax.set_ylabel(plot.get("ylabel", plot["y"]))
     ax.set_yscale("log") if plot.get("logy", False) else None
-    if "hline" in plot:
-        ax.axhline(plot["hline"]["y"], color="black", linestyle="--", linewidth=1)
-        ax.annotate(plot["hline"]["label"], (len(groups) - 0.5, plot["hline"]["y"]), ha="right", va="bottom", fontsize=8)
+    if "hline" in plot:   # named in the legend, so that no bar hides its label
+        ax.axhline(plot["hline"]["y"], color="black", linestyle="--", linewidth=1, label=plot["hline"]["label"])
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _finish(fig, plt, plot["title"], env, path)
@@ -233,11 +232,21 @@ def draw(plot: dict, manifest: dict) -> Path | None:
         return None
     rows = [r for r in rows_at(doc, plot.get("rows", "rows")) if matches(r, plot.get("where", {}))]
     path = manifest["_dir"] / plot["file"]
+    plot = with_ceiling_line(plot, doc["ceilings"])
     if plot["kind"] == "roofline":
         draw_roofline(plot, rows, doc["env"], path, doc)
     else:
         {"lines": draw_lines, "bars": draw_bars}[plot["kind"]](plot, rows, doc["env"], path)
     return path
+
+
+def with_ceiling_line(plot: dict, ceilings: dict) -> dict:
+    """A bar plot's `hline` may name a measured ceiling ({"ceiling", "scale", "label"}) instead of a `y`."""
+    line = plot.get("hline", {})
+    if "ceiling" not in line:
+        return plot
+    y = ceilings[line["ceiling"]] * line.get("scale", 1)
+    return {**plot, "hline": {"y": y, "label": f"{line.get('label', line['ceiling'])} {y:,.4g}"}}
 
 
 def draw_all(manifest: dict) -> list[Path]:

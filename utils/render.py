@@ -64,9 +64,28 @@ def cell(column: dict, row: dict, rows: list[dict], ceilings: dict):
     return value
 
 
+def kernel_name(name: str) -> str:
+    """A kernel's name as ncu or torch.profiler print it, without `void`, namespaces and parameters."""
+    name = re.sub(r"^void\s+|\(anonymous namespace\)::|<unnamed>::|\b\w+::(?=[\w<~(])", "", name)
+    depth = 0
+    for n, ch in enumerate(name):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and n > 0:
+            return name[:n].rstrip()
+    return name
+
+
+def shortened(text: str, max_chars: int | None) -> str:
+    return text if max_chars is None or len(text) <= max_chars else text[:max_chars - 1] + "…"
+
+
 def formatted(column: dict, value) -> str:
     if value is None:
         return "–"
+    if column.get("format") == "kernel":
+        return f"`{shortened(kernel_name(value), column.get('max_chars'))}`"
+    if isinstance(value, str):
+        return shortened(value, column.get("max_chars"))
     if column.get("format") == "pct" or "share_of" in column:
         return f"{100 * value:.0f}%" if abs(value) >= 0.01 else f"{100 * value:.2g}%"
     if column.get("format") == "x":

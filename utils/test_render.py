@@ -121,3 +121,43 @@ def test_every_course_manifest_renders_its_tables(tmp_path):
         (copy / "README.md").write_text(readme.read_text())
         manifest["readme"] = str(copy / "README.md")
         render.render_tables(manifest)
+
+
+def test_kernel_names_are_shortened_in_their_column():
+    ncu = "void phase6::<unnamed>::layer_norm_cached_kernel<float, 4, 8, 1>(const T1 *, T1 *, int)"
+    profiler = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>"
+                "(int, float, float const*)")
+    assert render.kernel_name(ncu) == "layer_norm_cached_kernel<float, 4, 8, 1>"
+    assert render.kernel_name(profiler) == "vectorized_layer_norm_kernel<float, float, false>"
+    assert render.kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
+    assert render.formatted({"format": "kernel", "max_chars": 12}, ncu) == "`layer_norm_…`"
+    assert render.formatted({"key": "tile", "max_chars": 5}, "registers") == "regi…"
+
+
+def test_a_dict_of_values_reads_as_records():
+    assert rows_at({"p": {"shares": {"a": 0.5, "b": 0.25}}}, "p.shares") == [
+        {"impl": "a", "value": 0.5}, {"impl": "b", "value": 0.25}]
+
+
+def test_a_list_of_wheres_accepts_any():
+    from utils.manifest import matches
+
+    where = [{"op": "mlp"}, {"op": "layer_norm", "rows": 8}]
+    assert matches({"op": "mlp", "tokens": 4}, where) and matches({"op": "layer_norm", "rows": 8}, where)
+    assert not matches({"op": "layer_norm", "rows": 4}, where)
+
+
+def test_peer_row_agrees_on_model_and_gemm_shapes():
+    rows = [{"impl": "peer", "op": "model", "B": 1, "S": 128, "ms": 1.0},
+            {"impl": "peer", "op": "model", "B": 1, "S": 256, "ms": 2.0},
+            {"impl": "peer", "op": "linear1", "M": 8, "N": 16, "K": 4, "ms": 3.0}]
+    assert peer_row(rows, {"impl": "ours", "op": "model", "B": 1, "S": 256}, "peer") is rows[1]
+    assert peer_row(rows, {"impl": "ours", "op": "linear1", "M": 8, "N": 16, "K": 8}, "peer") is None
+
+
+def test_bar_line_at_a_measured_ceiling(tmp_path):
+    plot = {"kind": "bars", "file": "results/bars.png", "title": "t", "group": ["Sq"], "y": "gbps",
+            "hline": {"ceiling": "dram_TBps", "scale": 1000, "label": "DRAM copy, GB/s"}}
+    assert plots.with_ceiling_line(plot, DOC["ceilings"])["hline"] == {"y": 3000.0, "label": "DRAM copy, GB/s 3,000"}
+    manifest = make_folder(tmp_path, plots_=[plot])
+    assert [p.name for p in plots.draw_all(manifest)] == ["bars.png"]
