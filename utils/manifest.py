@@ -55,6 +55,15 @@ def rows_at(doc: dict, path: str) -> list[dict]:
     return list(node)
 
 
+def field(row: dict, key: str):
+    """A row's field; a dotted key reaches into nested records ('us.attention'), a key that itself
+    holds dots ('attention.qk') taken whole first."""
+    if key in row or "." not in key:
+        return row.get(key)
+    head, rest = key.split(".", 1)
+    return field(row[head], rest) if isinstance(row.get(head), dict) else None
+
+
 def matches(row: dict, where: dict | list) -> bool:
     """A `where` value is the field's value, or a list of accepted values; a list of `where`s
     accepts a row that matches any of them."""

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 from utils import roofline
-from utils.manifest import load_doc, matches, rows_at
+from utils.manifest import field, load_doc, matches, rows_at
 
 # One colour per implementation, wherever it is drawn.
 COLORS = {
@@ -51,7 +51,13 @@ def _pyplot():
     return plt
 
 
-def stamp(env: dict) -> str:
+def stamp(env: dict | list[dict]) -> str:
+    """Where and when the results were measured; for several results files, each GPU, torch and CUDA
+    once, the dates and the commits."""
+    if isinstance(env, list):
+        def each(key: str, n: int | None = None) -> str:
+            return "/".join(sorted({e[key][:n] for e in env}))
+        return f"{each('gpu')}, torch {each('torch')}, CUDA {each('cuda')}, {each('date', 10)}, commits {each('commit')}"
     return f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}"
 
 
@@ -127,7 +133,6 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
     impl's bytes, at its measured intensity per memory level (hollow, joined to the filled one)."""
     plt = _pyplot()
     ceilings = doc["ceilings"]
-    measured = measured_bytes(plot, doc)
     points = []
     for r in rows:
         model = roofline.row_model(r)
@@ -137,7 +142,7 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
         points.append((r["impl"], r, flops, nbytes, r["ms"]))
     fig, ax = plt.subplots(figsize=(10.5, 6))
     intensities = [f / b for _, _, f, b, _ in points] + [
-        f / m for _, row, f, _, _ in points for m in measured.get(ncu_key(plot, row), {}).values() if m]
+        f / m for _, row, f, _, _ in points for m in row.get("ncu_bytes", {}).values() if m]
     lo = min([0.05] + [i / 3 for i in intensities])
     hi = max([2000.0] + [i * 3 for i in intensities])
     xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
@@ -166,7 +171,7 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
         detail = series_name(row, [k for k in plot.get("label_by", []) if k in row])
         if detail:
             ax.annotate(detail, (flops / nbytes, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color=c)
-        for level, level_bytes in measured.get(ncu_key(plot, row), {}).items():
+        for level, level_bytes in row.get("ncu_bytes", {}).items():
             if level_bytes:
                 marker = LEVEL_STYLE[level][0]
                 ax.scatter([flops / level_bytes], [y], facecolors="none", edgecolors=[c], marker=marker, zorder=3, s=30)
@@ -177,8 +182,8 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    if measured:
-        levels = sorted({lv for m in measured.values() for lv, b in m.items() if b}, key=list(LEVEL_STYLE).index)
+    levels = sorted({lv for r in rows for lv, b in r.get("ncu_bytes", {}).items() if b}, key=list(LEVEL_STYLE).index)
+    if levels:
         key = "; ".join(f"{LEVEL_STYLE[lv][0]} {LEVEL_STYLE[lv][1]}" for lv in levels)
         ax.text(0.01, 0.99, f"filled: minimum bytes; hollow (ncu bytes): {key}", transform=ax.transAxes,
                 fontsize=7, va="top")
@@ -227,17 +232,44 @@ def _finish(fig, plt, title: str, env: dict, path: Path, right: float | None = N
 
 def draw(plot: dict, manifest: dict) -> Path | None:
     """Draw one declared plot; None where its results file does not exist yet."""
-    doc, _ = load_doc(manifest, plot.get("source"))
-    if doc is None:
+    parts = loaded_sources(plot, manifest)
+    if not parts:
         return None
-    rows = [r for r in rows_at(doc, plot.get("rows", "rows")) if matches(r, plot.get("where", {}))]
+    doc = parts[0][1]   # the first results file's ceilings
+    env = doc["env"] if len(parts) == 1 else [d["env"] for _, d in parts]
+    plot, rows = melted(plot, [r for part_rows, _ in parts for r in part_rows])
     path = manifest["_dir"] / plot["file"]
     plot = with_ceiling_line(plot, doc["ceilings"])
     if plot["kind"] == "roofline":
-        draw_roofline(plot, rows, doc["env"], path, doc)
+        draw_roofline(plot, rows, env, path, doc)
     else:
-        {"lines": draw_lines, "bars": draw_bars}[plot["kind"]](plot, rows, doc["env"], path)
+        {"lines": draw_lines, "bars": draw_bars}[plot["kind"]](plot, rows, env, path)
     return path
+
+
+def loaded_sources(plot: dict, manifest: dict) -> list[tuple[list[dict], dict]]:
+    """(rows, document) per results file a plot reads: its `source`, or each of its `sources` (each
+    {"source", "rows", "where", "ncu"}; the plot's `where` applies to all). A roofline's ncu bytes
+    are attached to each row as `ncu_bytes` ({level: bytes}). Files not written yet are left out."""
+    parts = []
+    for spec in plot.get("sources", [plot]):
+        doc, _ = load_doc(manifest, spec.get("source"))
+        if doc is None:
+            continue
+        rows = [r for r in rows_at(doc, spec.get("rows", plot.get("rows", "rows")))
+                if matches(r, plot.get("where", {})) and matches(r, spec.get("where", {}))]
+        measured = measured_bytes(spec, doc)
+        parts.append(([{**r, "ncu_bytes": measured.get(ncu_key(spec, r), {})} for r in rows], doc))
+    return parts
+
+
+def melted(plot: dict, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """A `y` that lists several fields ("us.attention", "us.mlp") draws one series per field: each
+    row becomes one row per field, named by the field's last part."""
+    if not isinstance(plot.get("y"), list):
+        return plot, rows
+    out = [{**r, "field": key.rsplit(".", 1)[-1], "value": field(r, key)} for r in rows for key in plot["y"]]
+    return {**plot, "y": "value", "series": "field", "ylabel": plot.get("ylabel", ", ".join(plot["y"]))}, out
 
 
 def with_ceiling_line(plot: dict, ceilings: dict) -> dict:

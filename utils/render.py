@@ -23,7 +23,7 @@ from pathlib import Path
 
 from utils.build import REPO_ROOT
 from utils import plots
-from utils.manifest import load_doc, load_manifest, manifests, matches, peer_row, rows_at
+from utils.manifest import field, load_doc, load_manifest, manifests, matches, peer_row, rows_at
 
 MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
@@ -49,12 +49,15 @@ def fmt(x, digits: int = 3) -> str:
 
 def cell(column: dict, row: dict, rows: list[dict], ceilings: dict):
     """One column's value for a row (None where it cannot be computed). Column kinds:
-    {"key": field, "scale": s}; {"speedup_over": impl} = that peer's ms / this row's ms;
-    {"share_of": ceiling, "key": field, "scale": s} = field * scale / ceilings[ceiling]."""
+    {"key": field, "scale": s}; {"speedup_over": impl} = that peer's ms / this row's ms (or the
+    peer's `key` / this row's `key`); {"share_of": ceiling, "key": field, "scale": s} =
+    field * scale / ceilings[ceiling]. A dotted key reads a nested field ('us.attention')."""
     if "speedup_over" in column:
+        key = column.get("key", "ms")
         peer = peer_row(rows, row, column["speedup_over"])
-        return peer["ms"] / row["ms"] if peer and row.get("ms") else None
-    value = row.get(column["key"])
+        theirs, ours = (field(peer, key) if peer else None), field(row, key)
+        return theirs / ours if theirs is not None and ours else None
+    value = field(row, column["key"])
     if value is None or isinstance(value, (str, bool)):
         return value
     value = value * column.get("scale", 1)
@@ -146,7 +149,8 @@ def _sort_key(row: dict, key):
 
 def target_lines(table: dict, manifest: dict) -> list[str]:
     """A table of declared targets: each compares one row's speed with a peer's (`at_least`, a
-    ratio of the peer's ms to the row's) or one field with a bound (`key` and `at_least`)."""
+    ratio of the peer's ms to the row's, or of the peer's `key` to the row's) or one field with a
+    bound (`key` and `at_least`)."""
     doc, source = load_doc(manifest, table.get("source"))
     if doc is None:
         return [f"_No results yet: {source.name} is written by a GPU run._"]
@@ -154,7 +158,7 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
     lines = ["| target | measured | needed | met |", "|---|---|---|---|"]
     for target in table["targets"]:
         found = [r for r in rows if matches(r, target["where"])]
-        column = {"speedup_over": target["peer"], "format": "x"} if "peer" in target else \
+        column = {"speedup_over": target["peer"], "key": target.get("key", "ms"), "format": "x"} if "peer" in target else \
             {"key": target["key"], "scale": target.get("scale", 1), "format": target.get("format")}
         value = cell(column, found[0], rows, doc.get("ceilings", {})) if found else None
         need = formatted(column, target["at_least"])

@@ -161,3 +161,48 @@ def test_bar_line_at_a_measured_ceiling(tmp_path):
     assert plots.with_ceiling_line(plot, DOC["ceilings"])["hline"] == {"y": 3000.0, "label": "DRAM copy, GB/s 3,000"}
     manifest = make_folder(tmp_path, plots_=[plot])
     assert [p.name for p in plots.draw_all(manifest)] == ["bars.png"]
+
+
+def test_speedup_on_another_field_and_dotted_keys(tmp_path):
+    """A speed-up (column or target) may compare another field than ms; a dotted key reads a
+    nested field."""
+    doc = {"env": ENV, "ceilings": {}, "rows": [
+        {"impl": "ours", "op": "model", "B": 8, "S": 64, "ms": 2.0, "gpu_ms": 1.0, "us": {"mlp": 500.0}},
+        {"impl": "peer", "op": "model", "B": 8, "S": 64, "ms": 1.0, "gpu_ms": 2.0, "us": {"mlp": 250.0}}]}
+    table = {"name": "t1", "columns": [{"key": "impl"}, {"speedup_over": "peer", "format": "x"},
+                                       {"speedup_over": "peer", "key": "gpu_ms", "label": "gpu", "format": "x"},
+                                       {"key": "us.mlp", "scale": 1e-3, "label": "mlp ms"},
+                                       {"key": "us.none", "label": "none"}]}
+    targets = {"name": "goals", "kind": "targets", "targets": [
+        {"name": "wall", "where": {"impl": "ours"}, "peer": "peer", "at_least": 1.0},
+        {"name": "kernels", "where": {"impl": "ours"}, "peer": "peer", "key": "gpu_ms", "at_least": 1.0},
+        {"name": "graph", "where": {"impl": "ours"}, "peer": "peer", "key": "graph_ms", "at_least": 1.0}]}
+    manifest = make_folder(tmp_path, [table, targets])
+    (tmp_path / "results" / "metrics.json").write_text(json.dumps(doc))
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "| ours | 0.50x | 2.00x | 0.5 | – |" in text
+    assert "| wall | 0.50x | ≥ 1.00x | no |" in text and "| kernels | 2.00x | ≥ 1.00x | yes |" in text
+    assert "| graph | – | ≥ 1.00x | – |" in text           # a field not measured yet
+
+
+def test_plots_read_several_sources_and_several_fields(tmp_path):
+    """`sources` gather rows from several results files (a missing one is left out) under one stamp;
+    a `y` listing several fields draws a series per field."""
+    manifest = make_folder(tmp_path)
+    other = {**DOC, "env": {**ENV, "commit": "def5678"}, "rows": [{**ROWS[0], "impl": "theirs", "op": "softmax"}]}
+    (tmp_path / "results" / "other.json").write_text(json.dumps(other))
+    sources = [{"source": "results/metrics.json", "ncu": {"levels": ["dram"]}}, {"source": "results/other.json"},
+               {"source": "results/missing.json"}]
+    roof = {"kind": "roofline", "file": "results/roof.png", "title": "t", "where": {"Sq": 128}, "sources": sources}
+    parts = plots.loaded_sources(roof, manifest)
+    assert [[r["impl"] for r in rows] for rows, _ in parts] == [["ours", "peer"], ["theirs"]]
+    assert parts[0][0][0]["ncu_bytes"] == {"dram": 4e6} and parts[1][0][0]["ncu_bytes"] == {}
+    assert plots.stamp([d["env"] for _, d in parts]).endswith("commits abc1234/def5678")
+    bars = {"kind": "bars", "file": "results/bars.png", "title": "t", "group": "impl", "y": ["ms", "gbps"], "logy": True}
+    plot, rows = plots.melted(bars, ROWS[:2])
+    assert [(r["impl"], r["field"], r["value"]) for r in rows][:2] == [("ours", "ms", 2.0), ("ours", "gbps", 1500.0)]
+    assert plot["series"] == "field" and plot["y"] == "value"
+    manifest = {**manifest, "plots": [roof, bars]}
+    assert [p.name for p in plots.draw_all(manifest)] == ["roof.png", "bars.png"]
+    assert plots.draw({**roof, "sources": [{"source": "results/missing.json"}]}, manifest) is None
