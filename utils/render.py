@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from utils.build import REPO_ROOT
-from utils import plots
+from utils import gpu_checks, plots
 from utils.manifest import field, load_doc, load_manifest, manifests, matches, peer_row, rows_at
 
 MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
@@ -68,8 +68,8 @@ def cell(column: dict, row: dict, rows: list[dict], ceilings: dict):
 
 
 def kernel_name(name: str) -> str:
-    """A kernel's name as ncu or torch.profiler print it, without `void`, namespaces and parameters."""
-    name = re.sub(r"^void\s+|\(anonymous namespace\)::|<unnamed>::|\b\w+::(?=[\w<~(])", "", name)
+    """A kernel's name as ncu or torch.profiler print it, without `void`s, namespaces and parameters."""
+    name = re.sub(r"\bvoid\s+|\(anonymous namespace\)::|<unnamed>::|\b\w+::(?=[\w<~(])", "", name)
     depth = 0
     for n, ch in enumerate(name):
         depth += (ch == "<") - (ch == ">")
@@ -168,10 +168,13 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
 
 
 KINDS = {"table": table_lines, "targets": target_lines}
+# Tables filled wherever their markers stand, with no declaration: name -> fn(manifest) -> lines.
+BUILTIN = {"checks": gpu_checks.checks_lines}
 
 
 def render_tables(manifest: dict) -> list[str]:
-    """Rewrite every declared table of the manifest's README; the names of those written."""
+    """Rewrite every declared table of the manifest's README, and every built-in one placed there
+    (BUILTIN); the names of those written."""
     readme = manifest["_dir"] / manifest.get("readme", "README.md")
     text = readme.read_text()
     declared = {t["name"]: t for t in manifest.get("tables", [])}
@@ -182,15 +185,18 @@ def render_tables(manifest: dict) -> list[str]:
 
     def replace(m: re.Match) -> str:
         table = declared.get(m.group(2))
-        if table is None:
+        if table is not None:
+            body = KINDS[table.get("kind", "table")](table, manifest)
+        elif m.group(2) in BUILTIN:
+            body = BUILTIN[m.group(2)](manifest)
+        else:
             return m.group(0)
-        body = KINDS[table.get("kind", "table")](table, manifest)
         return m.group(1) + "\n".join(body) + "\n" + m.group(4)
 
     new = MARKER.sub(replace, text)
     if new != text:
         readme.write_text(new)
-    return sorted(declared)
+    return sorted(set(declared) | (placed & set(BUILTIN)))
 
 
 def render(folder: Path) -> None:

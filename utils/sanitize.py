@@ -1,11 +1,12 @@
-"""compute-sanitizer memcheck and racecheck over a phase's kernels.
+"""compute-sanitizer memcheck and racecheck over the lessons' kernels.
 
-`python -m utils.sanitize phase2_naive [phase5_fused.tc_sanitize_cases ...]` runs each tool on
-`python -m <phase>.sanitize_cases` (or on the module named), a small module in the phase that calls
-every kernel once on awkward sizes (S not a multiple of any tile, Sq != Sk, masks, causal). Exit code 1 if any tool
-reports an error; the summary line of each run is printed. On a GPU, a run with both tools is
-recorded in utils/results/sanitize.json, each run with its environment stamp: it replaces the
-recorded runs of the modules it covered (utils.gpu_checks reads the file for the phase READMEs).
+`python -m utils.sanitize [LESSON or MODULE ...]` runs each tool on the modules a lesson's
+manifest.json lists under `sanitize` (or on the module named; default: every lesson's), small
+modules that call every kernel once on awkward sizes (S not a multiple of any tile, Sq != Sk,
+masks, causal). Exit code 1 if any tool reports an error; the summary line of each run is printed.
+On a GPU, a run with both tools is recorded in utils/results/sanitize.json, each run with its
+environment stamp: it replaces the recorded runs of the modules it covered (the lessons' `checks`
+tables are drawn from the file, utils.gpu_checks).
 """
 
 from __future__ import annotations
@@ -33,22 +34,22 @@ def find_sanitizer() -> str | None:
     return str(path) if path.exists() else None
 
 
-def target_module(name: str) -> str:
-    """A phase package means its sanitize_cases module; a module name is taken as it is."""
-    return name if "sanitize" in name else f"{name}.sanitize_cases"
+def target_modules(names: list[str]) -> list[str]:
+    """The modules to run: a lesson's name means the modules its manifest lists under `sanitize`,
+    any other name is a module; no name means every lesson's, in course order."""
+    from utils.manifest import lessons
+
+    declared = {m["name"]: m.get("sanitize", []) for m in lessons()}
+    if not names:
+        return [module for modules in declared.values() for module in modules]
+    return [module for name in names for module in declared.get(name, [name])]
 
 
-def discover() -> list[str]:
-    """Every sanitize-cases module of the course, as module names."""
-    found = sorted(REPO_ROOT.glob("*/sanitize_cases.py")) + sorted(REPO_ROOT.glob("*/*_sanitize_cases.py"))
-    return [".".join(p.relative_to(REPO_ROOT).with_suffix("").parts) for p in found]
-
-
-def run_tool(sanitizer: str, tool: str, phase: str) -> tuple[bool, str]:
+def run_tool(sanitizer: str, tool: str, module: str) -> tuple[bool, str]:
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "99"]
     if tool == "memcheck":
         cmd += ["--leak-check", "no"]
-    cmd += [sys.executable, "-m", target_module(phase)]
+    cmd += [sys.executable, "-m", module]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     output = proc.stdout + proc.stderr
     summary = [line for line in output.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
@@ -60,8 +61,8 @@ def run_tool(sanitizer: str, tool: str, phase: str) -> tuple[bool, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="compute-sanitizer memcheck + racecheck per phase")
-    parser.add_argument("phases", nargs="*", help="phases or modules (default: every one found)")
+    parser = argparse.ArgumentParser(description="compute-sanitizer memcheck + racecheck per lesson")
+    parser.add_argument("names", nargs="*", help="lessons or modules (default: every lesson's)")
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     args = parser.parse_args(argv)
     sanitizer = find_sanitizer()
@@ -69,11 +70,11 @@ def main(argv=None) -> int:
         print("compute-sanitizer not found: it ships with the CUDA toolkit (bin/compute-sanitizer)")
         return 1
     runs = []
-    for phase in args.phases or discover():
+    for module in target_modules(args.names):
         for tool in args.tools:
-            ok, detail = run_tool(sanitizer, tool, phase)
-            runs.append({"module": target_module(phase), "tool": tool, "clean": ok, "summary": detail.splitlines()[0]})
-            print(f"{phase:<22} {tool:<10} {'clean' if ok else 'ERRORS'}: {detail}", flush=True)
+            ok, detail = run_tool(sanitizer, tool, module)
+            runs.append({"module": module, "tool": tool, "clean": ok, "summary": detail.splitlines()[0]})
+            print(f"{module:<40} {tool:<10} {'clean' if ok else 'ERRORS'}: {detail}", flush=True)
     if set(args.tools) == set(TOOLS):
         record(runs)
     return 0 if all(r["clean"] for r in runs) else 1

@@ -1,47 +1,47 @@
-"""The test and sanitizer checklist lines, generated from the GPU-run records (CPU only)."""
+"""The `checks` table, drawn from the GPU-run records of the grader and the sanitizer (CPU only)."""
 
-from utils import gpu_checks
+import json
+
+import torch
+
+from utils import gpu_checks, render, results, sanitize
+from utils.manifest import lessons, load_manifest, manifests
 
 ENV = {"gpu": "GPU X", "commit": "abc1234", "date": "2026-01-02T03:04:05+00:00"}
 
 
 def _grade(*outcomes, gpu=True):
     tests = [{"id": f"phase9_demo.test_a::test_{n}", "outcome": o} for n, o in enumerate(outcomes)]
-    tests.append({"id": "phase8_other.test_b::test_x", "outcome": "failed"})  # another phase: ignored
+    tests.append({"id": "phase9_demo.test_b.TestK::test_k", "outcome": "passed"})   # a class's test
+    tests.append({"id": "phase9_demo_other.test_c::test_x", "outcome": "failed"})  # another lesson
     return {"env": ENV, "gpu_available": gpu, "no_gpu": not gpu, "phases": [{"tests": tests}]}
 
 
-def test_tests_line_ticks_only_when_every_test_of_the_prefix_passed():
-    assert gpu_checks.tests_line("pytest phase9_demo", "phase9_demo.", _grade("passed", "passed")).startswith(
-        "- [x] `pytest phase9_demo` passes on the GPU: 2 of 2 tests passed (GPU X, commit abc1234, 2026-01-02")
-    assert gpu_checks.tests_line("t", "phase9_demo.", _grade("passed", "skipped")).startswith("- [ ] `t` passes "
-                                                                                             "on the GPU: 1 of 2")
-    assert "no GPU run" in gpu_checks.tests_line("t", "phase9_demo.", _grade("passed", gpu=False))
-    assert "no GPU run" in gpu_checks.tests_line("t", "phase9_demo.", None)
+def _sanitized(*runs):
+    return {"env": ENV, "runs": [{"module": m, "tool": t, "clean": c} for m, t, c in runs]}
 
 
-def test_sanitize_line_needs_both_tools_clean_on_every_module():
-    runs = [{"module": "m", "tool": "memcheck", "clean": True}, {"module": "m", "tool": "racecheck", "clean": True}]
-    assert gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": runs}).startswith("- [x] ")
-    assert gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": runs[:1]}).startswith("- [ ] ")
-    dirty = [dict(runs[0], clean=False), runs[1]]
-    assert "1 of 2 runs clean" in gpu_checks.sanitize_line(("m",), {"env": ENV, "runs": dirty})
-    assert "no sanitizer run" in gpu_checks.sanitize_line(("m",), None)
+def test_tests_row_counts_the_tests_under_the_path_in_a_gpu_run():
+    assert gpu_checks.tests_row("phase9_demo", _grade("passed", "passed")) == \
+        "| pytest phase9_demo | 3 of 3 passed | GPU X | abc1234 | 2026-01-02 |"
+    assert "| 1 of 2 passed |" in gpu_checks.tests_row("phase9_demo/test_a.py", _grade("passed", "skipped"))
+    assert "| 2 of 3 passed |" in gpu_checks.tests_row("phase9_demo/", _grade("passed", "failed"))
+    assert gpu_checks.tests_row("phase9_demo", _grade("passed", gpu=False)) == \
+        "| pytest phase9_demo | not recorded on a GPU yet | – | – | – |"
+    assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_demo", None)
+    assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_unrecorded", _grade("passed"))
 
 
-def test_every_listed_readme_has_the_markers():
-    for readme in gpu_checks.READMES:
-        text = (gpu_checks.REPO_ROOT / readme).read_text()
-        assert (gpu_checks.BEGIN in text) or ("passes on the GPU" in text), readme
+def test_sanitize_row_gives_each_tools_verdict():
+    clean = _sanitized(("m", "memcheck", True), ("m", "racecheck", True), ("n", "memcheck", False))
+    assert gpu_checks.sanitize_row("m", clean) == \
+        "| compute-sanitizer m | memcheck clean, racecheck clean | GPU X | abc1234 | 2026-01-02 |"
+    assert "| memcheck errors, racecheck not run |" in gpu_checks.sanitize_row("n", clean)
+    assert "| not recorded on a GPU yet | – |" in gpu_checks.sanitize_row("o", clean)
+    assert "not recorded on a GPU yet" in gpu_checks.sanitize_row("m", None)
 
 
 def test_sanitize_record_replaces_only_the_modules_run(tmp_path, monkeypatch):
-    import json
-
-    import torch
-
-    from utils import results, sanitize
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(results, "env_stamp", lambda: ENV)
     path = tmp_path / "sanitize.json"
@@ -52,16 +52,44 @@ def test_sanitize_record_replaces_only_the_modules_run(tmp_path, monkeypatch):
     doc = json.loads(path.read_text())
     assert [(r["module"], r["clean"], r["env"]["commit"]) for r in doc["runs"]] == \
         [("a", True, "old0000")] * 2 + [("b", True, "abc1234")] * 2
-    assert "commit abc1234" in gpu_checks.sanitize_line(("b",), doc)
-    assert "commit old0000" in gpu_checks.sanitize_line(("a",), doc)
+    assert "| abc1234 |" in gpu_checks.sanitize_row("b", doc)
+    assert "| old0000 |" in gpu_checks.sanitize_row("a", doc)
 
 
-def test_results_lines_say_where_the_results_come_from_and_the_target(tmp_path):
-    path = gpu_checks.REPO_ROOT / "phase9_demo" / "results" / "metrics.json"
-    h100 = dict(ENV, gpu="NVIDIA H100 80GB HBM3")
-    lines = gpu_checks.results_lines(path, {"env": h100, "target": {"rule": "2x phase 8", "met": False}})
-    assert lines[0].startswith("- [x] `phase9_demo/results/metrics.json` and its plots from one run on the H100: "
-                               "measured on NVIDIA H100 80GB HBM3, commit abc1234")
-    assert lines[1] == "- [ ] target: 2x phase 8 — not met in that run."
-    assert gpu_checks.results_lines(path, {"env": ENV})[0].startswith("- [ ] ")
-    assert "no results committed" in gpu_checks.results_lines(path, None)[0]
+def test_the_renderer_fills_the_checks_table_from_the_manifest(tmp_path, monkeypatch):
+    records = {gpu_checks.GRADE_RECORD: _grade("passed"), gpu_checks.SANITIZE_RECORD: _sanitized(
+        ("phase9_demo.sanitize_cases", "memcheck", True), ("phase9_demo.sanitize_cases", "racecheck", True))}
+    monkeypatch.setattr(gpu_checks, "load_record", records.get)
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"name": "phase9_demo", "tests": ["phase9_demo"], "sanitize": ["phase9_demo.sanitize_cases"]}))
+    (tmp_path / "README.md").write_text("Hand-written.\n\n<!-- table:checks -->\nold\n<!-- /table:checks -->\n")
+    assert render.render_tables(load_manifest(tmp_path)) == ["checks"]
+    assert (tmp_path / "README.md").read_text() == (
+        "Hand-written.\n\n<!-- table:checks -->\n"
+        "| check | result | GPU | commit | date |\n|---|---|---|---|---|\n"
+        "| pytest phase9_demo | 2 of 2 passed | GPU X | abc1234 | 2026-01-02 |\n"
+        "| compute-sanitizer phase9_demo.sanitize_cases | memcheck clean, racecheck clean | GPU X | abc1234 | 2026-01-02 |\n"
+        "\n_utils/results/grade/all.json, utils/results/sanitize.json._\n<!-- /table:checks -->\n")
+
+
+def test_every_checks_table_has_a_manifest_with_checks():
+    """The old generated checklists are gone, and each `checks` marker stands in a README that a
+    manifest with tests or sanitizer modules renders."""
+    rendered = {}
+    for path in manifests():
+        manifest = load_manifest(path.parent)
+        readme = manifest["_dir"] / manifest.get("readme", "README.md")
+        rendered[readme] = bool(manifest.get("tests") or manifest.get("sanitize"))
+    root = gpu_checks.REPO_ROOT
+    readmes = [*root.glob("README*.md"), *root.glob("*/README*.md"), *root.glob("*/*/README*.md")]
+    assert not [p for p in readmes if "<!-- gpu-checks:begin -->" in p.read_text()]
+    placed = [p for p in readmes if "<!-- table:checks -->" in p.read_text()]
+    assert placed and all(rendered.get(p) for p in placed), placed
+
+
+def test_sanitizer_targets_come_from_the_manifests():
+    declared = {m["name"]: m.get("sanitize", []) for m in lessons()}
+    every = sanitize.target_modules([])
+    assert every == [module for modules in declared.values() for module in modules] and every
+    name = next(n for n, modules in declared.items() if modules)
+    assert sanitize.target_modules([name, "some.module"]) == [*declared[name], "some.module"]
