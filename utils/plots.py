@@ -196,6 +196,13 @@ def ncu_key(plot: dict, record: dict) -> tuple:
     return tuple(record.get(k) for k in plot.get("ncu", {}).get("by", ["impl"]))
 
 
+def row_ncu_key(plot: dict, row: dict) -> tuple:
+    """A results row's ncu_key; with `ncu.name`, the name its records are stored under, a format of
+    the row's fields ("{impl}_D{D}": records named phase5_fused_tc_D64)."""
+    name = plot.get("ncu", {}).get("name")
+    return (name.format(**row),) if name else ncu_key(plot, row)
+
+
 def measured_bytes(plot: dict, doc: dict) -> dict:
     """ncu_key -> {level: bytes summed over its kernels} from the declared ncu records."""
     spec = plot.get("ncu")
@@ -259,7 +266,7 @@ def loaded_sources(plot: dict, manifest: dict) -> list[tuple[list[dict], dict]]:
         rows = [r for r in rows_at(doc, spec.get("rows", plot.get("rows", "rows")))
                 if matches(r, plot.get("where", {})) and matches(r, spec.get("where", {}))]
         measured = measured_bytes(spec, doc)
-        parts.append(([{**r, "ncu_bytes": measured.get(ncu_key(spec, r), {})} for r in rows], doc))
+        parts.append(([{**r, "ncu_bytes": measured.get(row_ncu_key(spec, r), {})} for r in rows], doc))
     return parts
 
 

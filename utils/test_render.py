@@ -206,3 +206,14 @@ def test_plots_read_several_sources_and_several_fields(tmp_path):
     manifest = {**manifest, "plots": [roof, bars]}
     assert [p.name for p in plots.draw_all(manifest)] == ["roof.png", "bars.png"]
     assert plots.draw({**roof, "sources": [{"source": "results/missing.json"}]}, manifest) is None
+
+
+def test_ncu_records_named_by_a_format_of_the_row(tmp_path):
+    """`ncu.name` matches records stored under a name made of the row's fields (impl_D64)."""
+    manifest = make_folder(tmp_path)
+    doc = {**DOC, "ncu": {"kernels": {"ours_D64": {"dram_bytes": 5e6}, "ours_D128": {"dram_bytes": 7e6}}}}
+    (tmp_path / "results" / "metrics.json").write_text(json.dumps(doc))
+    roof = {"kind": "roofline", "file": "results/roof.png", "title": "t", "where": {"Sq": 128},
+            "ncu": {"name": "{impl}_D{D}", "levels": ["dram"]}}
+    [(rows, _)] = plots.loaded_sources(roof, manifest)
+    assert {r["impl"]: r["ncu_bytes"] for r in rows} == {"ours": {"dram": 5e6}, "peer": {}}
