@@ -1,74 +1,119 @@
-"""The main job (`make run`): build every kernel, run every phase script, regenerate all results.
+"""The full GPU job (`make run`): build every kernel, run every lesson, redraw every table and plot.
 
-On a GPU: builds all extensions in parallel, measures the ceilings (cached per GPU), then runs each
-phase's run.py in turn (benchmarks, ncu, plots, results/*.json). Optional steps: the whole test suite
-(--tests), compute-sanitizer on every phase (--sanitize, recorded in utils/results/sanitize.json) and
-the grader over every phase (--grade, its report in utils/results/grade/: the phase READMEs' test
-checklist lines are generated from it by utils.gpu_checks). --archive DIR packs every results folder
-and the logs into DIR/results.tar.gz, to unpack at the repository root.
-Without a GPU: each phase script redraws its plots from the committed results, and this says so.
+The lessons are found through their manifest.json files (utils.manifest.lessons): each names the
+module that measures it (`run`), its place in the course (`order`) and its part of the job (`part`).
+On a GPU: builds every extension in parallel, measures the ceilings (cached per GPU), runs each
+lesson's `run` in course order, then `python -m utils.render` (the tables and plots of every
+manifest, the checks tables included). Optional steps: the test suite (--tests), compute-sanitizer
+on every lesson (--sanitize, recorded in utils/results/sanitize.json) and the grader over every
+lesson (--grade, recorded in utils/results/grade/). --archive DIR packs every results folder and
+the logs into DIR/results.tar.gz, to unpack at the repository root.
+Without a GPU nothing is measured: `python -m utils.render` redraws every table and plot from the
+committed results, and this says so. Each step prints its number (step i of n) and its time.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Callable
 
-from utils.build import REPO_ROOT, BuildSetupError, build_all
+from utils.build import REPO_ROOT, BuildSetupError, build_all, check_setup
+from utils.manifest import lessons
 
-PHASE_SCRIPTS = (
-    "phase1_baseline.run",
-    "phase2_naive.run",
-    "phase3_tiled.run",
-    "phase4_coalesced.run",
-    "phase5_fused.run",
-    "phase5_fused.run_tc",
-    "phase6_layernorm_mlp.run",
-    "final.benchmark",
-)
 LOG_DIR = REPO_ROOT / "build" / "logs"
-# The full job in four parts for GPU slots of about 10 minutes (each part builds first; the phases'
-# tests run inside the grader). Unpack each part's archive at the repository root: it holds only
-# the results that part wrote. Then `make run` without a GPU regenerates the READMEs and the report.
-PARTS = {
-    1: {"grade": True, "tests": ["final", "utils"], "scripts": ()},
-    2: {"sanitize": True, "scripts": ("phase1_baseline.run", "phase2_naive.run", "phase4_coalesced.run")},
-    3: {"scripts": ("phase3_tiled.run", "phase5_fused.run_tc", "final.benchmark")},
-    4: {"scripts": ("phase5_fused.run", "phase6_layernorm_mlp.run")},
-}
+# The job in parts for GPU slots of about 10 minutes: each part builds first and runs the lessons
+# whose manifest names it; these parts also run the grader (which runs the graded lessons' tests;
+# the tests of the others and of utils run beside it) and the sanitizer. Unpack each part's archive
+# at the repository root: it holds only the results that part wrote. Then `make run` without a GPU
+# redraws the tables and plots.
+PART_STEPS = {1: {"grade": True, "tests": True}, 2: {"sanitize": True}}
+
+Step = tuple[str, Callable[[], bool]]
 
 
-def module_exists(module: str) -> bool:
-    return (REPO_ROOT / (module.replace(".", "/") + ".py")).exists()
+def lesson_runs(part: int | None = None) -> list[str]:
+    """The lessons' `run` modules in course order (only those of one part, if given)."""
+    return [m["run"] for m in lessons() if "run" in m and part in (None, m.get("part"))]
 
 
-def run_logged(name: str, cmd: list[str], timeout: float | None = None) -> tuple[bool, float]:
+def parts() -> list[int]:
+    return sorted(set(PART_STEPS) | {m["part"] for m in lessons() if "part" in m})
+
+
+def ungraded_tests() -> list[str]:
+    """The tests the grader does not run: those of the lessons without a rubric, and utils'."""
+    return [*(t for m in lessons() if not m.get("rubric") for t in m.get("tests", [])), "utils"]
+
+
+def run_logged(name: str, cmd: list[str]) -> bool:
     """Run cmd, streaming its output to the console and to build/logs/<name>.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+    print(" ".join(cmd[1:]), flush=True)
     with open(LOG_DIR / f"{name}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_env())
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
         for line in proc.stdout:
             sys.stdout.write(line)
             log.write(line)
+    return proc.wait() == 0
+
+
+def python_step(name: str, *args: str) -> Step:
+    return name, lambda: run_logged(name, [sys.executable, *args])
+
+
+def ceilings_step(remeasure: bool) -> Step:
+    def measure() -> bool:
+        from utils.roofline import get_ceilings
+
+        print(f"ceilings: {get_ceilings(remeasure=remeasure)}", flush=True)
+        return True
+
+    return "ceilings", measure
+
+
+def plan(args: argparse.Namespace, gpu: bool) -> list[Step]:
+    """The steps of this job, in order."""
+    steps: list[Step] = []
+    if not args.no_build:
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            log.write(f"killed after {timeout} s\n")
-    return proc.returncode == 0, time.perf_counter() - start
+            check_setup()
+            steps.append(("build", build_all))
+        except BuildSetupError as exc:
+            print(f"kernels not built: {exc}")
+    if args.tests is not None:
+        steps.append(python_step("tests", "-m", "pytest", "-q", "-ra", *args.tests))
+    if gpu and args.sanitize:
+        steps.append(python_step("sanitize", "-m", "utils.sanitize"))
+    if gpu and args.grade:
+        steps.append(python_step("grade", "-m", "utils.grade", "--all", "--out",
+                                 str(REPO_ROOT / "utils" / "results" / "grade")))
+    if gpu and not args.no_bench:
+        steps.append(ceilings_step(args.remeasure))
+        steps += [python_step(module, "-m", module) for module in args.only or lesson_runs(args.part)]
+    # A part's (or a few lessons') archive holds only what it measured: the full job renders.
+    if not gpu or not (args.only or args.part):
+        steps.append(python_step("render", "-m", "utils.render"))
+    return steps
 
 
-def _env():
-    import os
-
-    return dict(os.environ, PYTHONUNBUFFERED="1")
+def run_steps(steps: list[Step]) -> list[tuple[str, bool, float]]:
+    """Run the steps in turn, each announced with its number and reported with its time."""
+    done = []
+    for i, (name, step) in enumerate(steps, 1):
+        print(f"\n=== step {i} of {len(steps)}: {name}", flush=True)
+        start = time.perf_counter()
+        ok = step()
+        seconds = time.perf_counter() - start
+        print(f"=== step {i} of {len(steps)}: {name} {'ok' if ok else 'FAILED'} in {seconds:.1f} s", flush=True)
+        done.append((name, ok, seconds))
+    return done
 
 
 def archive(dest: Path, since: float = 0.0) -> Path:
@@ -87,59 +132,38 @@ def archive(dest: Path, since: float = 0.0) -> Path:
     return path
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-build", action="store_true", help="skip the parallel build (extensions build on first use)")
     parser.add_argument("--tests", nargs="*", metavar="PATH",
                         help="run the test suite first (the whole suite, or only these paths)")
-    parser.add_argument("--sanitize", action="store_true", help="run compute-sanitizer on every phase")
-    parser.add_argument("--grade", action="store_true", help="grade every phase into utils/results/grade (GPU)")
-    parser.add_argument("--no-bench", action="store_true", help="skip the phase scripts")
-    parser.add_argument("--only", nargs="+", help="phase scripts to run (e.g. phase3_tiled.run)")
+    parser.add_argument("--sanitize", action="store_true", help="run compute-sanitizer on every lesson (GPU)")
+    parser.add_argument("--grade", action="store_true", help="grade every lesson into utils/results/grade (GPU)")
+    parser.add_argument("--no-bench", action="store_true", help="skip the lessons' runs")
+    parser.add_argument("--only", nargs="+", metavar="MODULE", help="lessons' run modules to run (their manifests' `run`)")
     parser.add_argument("--remeasure", action="store_true", help="measure the ceilings again (else cached per GPU)")
     parser.add_argument("--archive", type=Path, help="pack the results written and the logs into ARCHIVE/results.tar.gz")
-    parser.add_argument("--part", type=int, choices=sorted(PARTS), help="one of the four parts of the full job (PARTS)")
+    parser.add_argument("--part", type=int, choices=parts(), help="one part of the full job (PART_STEPS, manifests' `part`)")
     args = parser.parse_args(argv)
     if args.part:
-        part = PARTS[args.part]
-        args.grade, args.sanitize = part.get("grade", False), part.get("sanitize", False)
-        args.tests = part.get("tests")
-        args.only, args.no_bench = list(part["scripts"]), not part["scripts"]
+        steps = PART_STEPS.get(args.part, {})
+        args.grade, args.sanitize = steps.get("grade", False), steps.get("sanitize", False)
+        args.tests = ungraded_tests() if steps.get("tests") else None
+        args.no_bench = not lesson_runs(args.part)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     started = time.time()
 
     import torch
 
     gpu = torch.cuda.is_available()
-    summary: list[tuple[str, bool, float]] = []
-    try:
-        if not args.no_build:
-            start = time.perf_counter()
-            summary.append(("build all", build_all(), time.perf_counter() - start))
-    except BuildSetupError as exc:
-        print(f"kernels not built: {exc}")
     if not gpu:
-        print("no GPU visible: phase scripts redraw plots and tables from the committed results; "
-              "nothing is re-measured")
-    if args.tests is not None:
-        summary.append(("tests", *run_logged("tests", [sys.executable, "-m", "pytest", "-q", "-ra", *args.tests])))
-    if args.sanitize and gpu:
-        summary.append(("sanitize", *run_logged("sanitize", [sys.executable, "-m", "utils.sanitize"])))
-    if args.grade and gpu:
-        summary.append(("grade", *run_logged("grade", [sys.executable, "-m", "utils.grade", "--all", "--out",
-                                                       str(REPO_ROOT / "utils" / "results" / "grade")])))
-    if not args.no_bench:
-        if gpu:
-            from utils.roofline import get_ceilings
-
-            print(f"ceilings: {get_ceilings(remeasure=args.remeasure)}", flush=True)
-        for module in args.only or PHASE_SCRIPTS:
-            if module_exists(module):
-                summary.append((module, *run_logged(module, [sys.executable, "-m", module])))
-    if not args.only and not args.part:
-        from utils import report
-
-        report.main()
-        summary.append(("final report", *run_logged("final_report", [sys.executable, "-m", "final.report_gen"])))
+        print("no GPU visible: nothing is measured; every table and plot is redrawn from the committed "
+              "results (python -m utils.render)", flush=True)
+    summary = run_steps(plan(args, gpu))
     if args.archive:
         print(f"archived results to {archive(args.archive, since=started if args.part or args.only else 0.0)}")
     print("\n=== summary")
