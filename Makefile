@@ -3,16 +3,16 @@ PY := $(shell sh utils/env.sh)
 
 .PHONY: run test build profile sanitize student grade clean
 
-run:        ## build every kernel, run every phase script, regenerate metrics, plots, tables
+run:        ## on a GPU: build, run every lesson, redraw every table and plot; without one: only redraw them
 	$(PY) -m utils.run_all
 
 test:       ## the whole test suite: CPU tests, every extension compiled, GPU tests where a GPU is
 	$(PY) -m pytest -q
 
-build:      ## build every phase's extension in parallel, printing each build's time
+build:      ## build every extension in parallel, printing each build's time
 	$(PY) -m utils.build --all
 
-sanitize:   ## compute-sanitizer memcheck and racecheck over every phase's kernels (GPU)
+sanitize:   ## compute-sanitizer memcheck and racecheck over every lesson's kernels (GPU)
 	$(PY) -m utils.sanitize
 
 profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
