@@ -150,7 +150,7 @@ def _sort_key(row: dict, key):
 def target_lines(table: dict, manifest: dict) -> list[str]:
     """A table of declared targets: each compares one row's speed with a peer's (`at_least`, a
     ratio of the peer's ms to the row's, or of the peer's `key` to the row's) or one field with a
-    bound (`key` and `at_least`)."""
+    bound (`key` and `at_least`; with `share_of`, the field as a share of that measured ceiling)."""
     doc, source = load_doc(manifest, table.get("source"))
     if doc is None:
         return [f"_No results yet: {source.name} is written by a GPU run._"]
@@ -159,7 +159,8 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
     for target in table["targets"]:
         found = [r for r in rows if matches(r, target["where"])]
         column = {"speedup_over": target["peer"], "key": target.get("key", "ms"), "format": "x"} if "peer" in target else \
-            {"key": target["key"], "scale": target.get("scale", 1), "format": target.get("format")}
+            {"key": target["key"], "scale": target.get("scale", 1), "format": target.get("format"),
+             **({"share_of": target["share_of"]} if "share_of" in target else {})}
         value = cell(column, found[0], rows, doc.get("ceilings", {})) if found else None
         need = formatted(column, target["at_least"])
         met = None if value is None else value >= target["at_least"]

@@ -72,6 +72,15 @@ def test_targets_table_says_met_or_not(tmp_path):
     assert "| half of copy | 150% | ≥ 40% | yes |" in text
 
 
+def test_target_on_a_share_of_a_ceiling(tmp_path):
+    targets = {"name": "goals", "kind": "targets", "targets": [
+        {"name": "90% of copy", "where": {"impl": "ours", "Sq": 128}, "key": "gbps", "scale": 1e-3,
+         "share_of": "dram_TBps", "at_least": 0.9}]}
+    manifest = make_folder(tmp_path, [targets])
+    render.render_tables(manifest)
+    assert "| 90% of copy | 50% | ≥ 90% | no |" in (tmp_path / "README.md").read_text()
+
+
 def test_missing_results_leave_a_note(tmp_path):
     manifest = make_folder(tmp_path, [{"name": "t1", "source": "results/none.json", "columns": [{"key": "impl"}]}])
     render.render_tables(manifest)
