@@ -98,10 +98,13 @@ def sweep_with_budget(panels: list[dict], budgets: dict[str, float], B: int = 4,
     return rows
 
 
-def kernel_rows(impl: str, ops: dict, shapes, B: int = 4, H: int = 8, reference_limit: int = 2**28) -> list[dict]:
+def kernel_rows(impl: str, ops: dict, shapes, B: int = 4, H: int = 8, reference_limit: int = 2**28,
+                **timing) -> list[dict]:
     """Rows for each kernel on its own. ops: {"matmul_qk": f(q, k), "softmax": f(s),
     "matmul_av": f(p, v)}; any may be missing. Inputs are fresh random tensors per (S, D) shape;
-    rel_err against float64 where B*H*S*S <= reference_limit."""
+    rel_err against float64 where B*H*S*S <= reference_limit. timing: utils.bench.time_cuda's
+    arguments (default: 2 warm-up calls, at most 10 timed ones within a second)."""
+    timing = {"warmup": 2, "reps": 10, "max_seconds": 1.0, **timing}
     from utils import reference, roofline
     from utils.bench import time_cuda
     from utils.testing import random_qkv, randn, rel_error
@@ -127,7 +130,7 @@ def kernel_rows(impl: str, ops: dict, shapes, B: int = 4, H: int = 8, reference_
         for op, (fn, flops, nbytes, ref) in cases.items():
             if op not in ops:
                 continue
-            ms = time_cuda(fn, warmup=2, reps=10, max_seconds=1.0)
+            ms = time_cuda(fn, **timing)
             row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
                    "dtype": "float32", "causal": False, "ms": ms,
                    "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms)}
