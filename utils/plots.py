@@ -42,6 +42,18 @@ def color(impl: str) -> str:
     return FALLBACK[zlib.crc32(impl.encode()) % len(FALLBACK)]
 
 
+def figure_colors(names) -> dict:
+    """color() of each series of one figure, except that a fallback colour already taken in the
+    figure moves to the next free one, so that two series never share a colour (S=4096 and 16384)."""
+    out: dict = {}
+    for name in names:
+        c = color(name)
+        if c in FALLBACK and c in out.values():
+            c = next((f for f in FALLBACK[FALLBACK.index(c):] + FALLBACK if f not in out.values()), c)
+        out[name] = c
+    return out
+
+
 def _pyplot():
     import matplotlib
 
@@ -78,13 +90,14 @@ def draw_lines(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
     panels_by = plot.get("panels", [])
     panels = sorted({tuple(r.get(k) for k in panels_by) for r in rows}, key=lambda t: tuple(map(str, t))) or [()]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.2, 4.2), squeeze=False)
+    colors = figure_colors(dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in rows))
     for ax, key in zip(axes[0], panels):
         subset = [r for r in rows if tuple(r.get(k) for k in panels_by) == key]
         for name in dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in subset):
             pts = sorted((r[plot["x"]], r[plot["y"]]) for r in subset
                          if series_name(r, plot.get("series", "impl")) == name and r.get(plot["y"]) is not None)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3.5, label=name,
-                    color=color(name))
+                    color=colors[name])
         ax.set_xscale("log", base=2) if plot.get("logx", True) else None
         ax.set_yscale("log") if plot.get("logy", False) else None
         ax.set_xlabel(plot.get("xlabel", plot["x"]))

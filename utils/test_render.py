@@ -226,3 +226,11 @@ def test_ncu_records_named_by_a_format_of_the_row(tmp_path):
             "ncu": {"name": "{impl}_D{D}", "levels": ["dram"]}}
     [(rows, _)] = plots.loaded_sources(roof, manifest)
     assert {r["impl"]: r["ncu_bytes"] for r in rows} == {"ours": {"dram": 5e6}, "peer": {}}
+
+
+def test_series_of_one_figure_never_share_a_fallback_colour():
+    assert plots.color("4096") == plots.color("16384")   # the hashed fallback collides here
+    colors = plots.figure_colors(["4096", "16384", "phase5_fused"])
+    assert colors["4096"] != colors["16384"] and colors["phase5_fused"] == plots.color("phase5_fused")
+    assert colors["4096"] == plots.color("4096")            # the first keeps its course-wide colour
+
