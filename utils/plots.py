@@ -44,12 +44,14 @@ def color(impl: str) -> str:
 
 def figure_colors(names) -> dict:
     """color() of each series of one figure, except that a fallback colour already taken in the
-    figure moves to the next free one, so that two series never share a colour (S=4096 and 16384)."""
+    figure moves to a free one half the palette away (neighbours look alike), so that two series
+    never share a colour (S=4096 and 16384)."""
     out: dict = {}
     for name in names:
         c = color(name)
         if c in FALLBACK and c in out.values():
-            c = next((f for f in FALLBACK[FALLBACK.index(c):] + FALLBACK if f not in out.values()), c)
+            start = (FALLBACK.index(c) + len(FALLBACK) // 2) % len(FALLBACK)
+            c = next((f for f in FALLBACK[start:] + FALLBACK[:start] if f not in out.values()), c)
         out[name] = c
     return out
 
