@@ -26,7 +26,8 @@ COLORS = {
     "phase2_naive": "#d62728", "phase3_tiled_t8": "#ffbb78", "phase3_tiled_t16": "#ff7f0e",
     "phase3_tiled_t32": "#e377c2", "phase4_coalesced": "#2ca02c", "phase5_fused_teaching": "#98df8a",
     "phase5_fused": "#006400", "phase5_fused_tc": "#000080", "phase6_layer_norm": "#2ca02c",
-    "phase6_mlp": "#2ca02c", "optimized": "#006400",
+    "phase6_mlp": "#2ca02c", "optimized": "#006400", "optimized_fp16": "#a55194", "torch_sdpa_fp16": "#e7969c",
+    "optimized_cublas_mlp": "#b5cf6b",
 }
 FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 LEVEL_STYLE = {"dram": ("o", "DRAM"), "l2": ("s", "L2"), "l1": ("^", "L1/shared")}
@@ -80,6 +81,11 @@ def series_name(row: dict, keys) -> str:
     return " ".join(str(row.get(k)) for k in keys)
 
 
+def panel_order(key_values: tuple) -> tuple:
+    """Panels in the order of their values: numbers by value (D=64 before D=128), then the rest as text."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for v in key_values)
+
+
 def panel_title(key_values: tuple, keys: list[str]) -> str:
     parts = []
     for k, v in zip(keys, key_values):
@@ -90,7 +96,7 @@ def panel_title(key_values: tuple, keys: list[str]) -> str:
 def draw_lines(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
     plt = _pyplot()
     panels_by = plot.get("panels", [])
-    panels = sorted({tuple(r.get(k) for k in panels_by) for r in rows}, key=lambda t: tuple(map(str, t))) or [()]
+    panels = sorted({tuple(r.get(k) for k in panels_by) for r in rows}, key=panel_order) or [()]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.2, 4.2), squeeze=False)
     colors = figure_colors(dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in rows))
     for ax, key in zip(axes[0], panels):
@@ -183,7 +189,7 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
         c = color(name)
         ax.scatter([flops / nbytes], [y], color=c, zorder=3, s=30, label=None if name in labelled else name)
         labelled.add(name)
-        detail = series_name(row, [k for k in plot.get("label_by", []) if k in row])
+        detail = series_name(row, [k for k in row.get("label_by", plot.get("label_by", [])) if k in row])
         if detail:
             ax.annotate(detail, (flops / nbytes, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color=c)
         for level, level_bytes in row.get("ncu_bytes", {}).items():
@@ -271,8 +277,9 @@ def draw(plot: dict, manifest: dict) -> Path | None:
 
 def loaded_sources(plot: dict, manifest: dict) -> list[tuple[list[dict], dict]]:
     """(rows, document) per results file a plot reads: its `source`, or each of its `sources` (each
-    {"source", "rows", "where", "ncu"}; the plot's `where` applies to all). A roofline's ncu bytes
-    are attached to each row as `ncu_bytes` ({level: bytes}). Files not written yet are left out."""
+    {"source", "rows", "where", "ncu", "label_by"}; the plot's `where` applies to all). A roofline's
+    ncu bytes are attached to each row as `ncu_bytes` ({level: bytes}), a source's `label_by` as
+    `label_by`. Files not written yet are left out."""
     parts = []
     for spec in plot.get("sources", [plot]):
         doc, _ = load_doc(manifest, spec.get("source"))
@@ -281,7 +288,8 @@ def loaded_sources(plot: dict, manifest: dict) -> list[tuple[list[dict], dict]]:
         rows = [r for r in rows_at(doc, spec.get("rows", plot.get("rows", "rows")))
                 if matches(r, plot.get("where", {})) and matches(r, spec.get("where", {}))]
         measured = measured_bytes(spec, doc)
-        parts.append(([{**r, "ncu_bytes": measured.get(row_ncu_key(spec, r), {})} for r in rows], doc))
+        labels = {"label_by": spec["label_by"]} if "label_by" in spec else {}
+        parts.append(([{**r, "ncu_bytes": measured.get(row_ncu_key(spec, r), {}), **labels} for r in rows], doc))
     return parts
 
 

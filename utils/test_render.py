@@ -113,6 +113,8 @@ def test_plots_are_drawn(tmp_path):
 
 def test_one_colour_per_implementation():
     assert plots.color("phase5_fused_tc_D64") == plots.color("phase5_fused_tc")
+    assert plots.color("optimized_fp16") != plots.color("optimized")   # a model in FP16 is another impl
+    assert sorted([(128,), (64,), ("x",), (8,)], key=plots.panel_order) == [(8,), (64,), (128,), ("x",)]
     assert plots.color("phase5_fused") != plots.color("phase5_fused_tc")
     assert plots.color("something_new") == plots.color("something_new")
 
@@ -201,12 +203,13 @@ def test_plots_read_several_sources_and_several_fields(tmp_path):
     manifest = make_folder(tmp_path)
     other = {**DOC, "env": {**ENV, "commit": "def5678"}, "rows": [{**ROWS[0], "impl": "theirs", "op": "softmax"}]}
     (tmp_path / "results" / "other.json").write_text(json.dumps(other))
-    sources = [{"source": "results/metrics.json", "ncu": {"levels": ["dram"]}}, {"source": "results/other.json"},
-               {"source": "results/missing.json"}]
+    sources = [{"source": "results/metrics.json", "ncu": {"levels": ["dram"]}},
+               {"source": "results/other.json", "label_by": ["op"]}, {"source": "results/missing.json"}]
     roof = {"kind": "roofline", "file": "results/roof.png", "title": "t", "where": {"Sq": 128}, "sources": sources}
     parts = plots.loaded_sources(roof, manifest)
     assert [[r["impl"] for r in rows] for rows, _ in parts] == [["ours", "peer"], ["theirs"]]
     assert parts[0][0][0]["ncu_bytes"] == {"dram": 4e6} and parts[1][0][0]["ncu_bytes"] == {}
+    assert "label_by" not in parts[0][0][0] and parts[1][0][0]["label_by"] == ["op"]   # a source's own labels
     assert plots.stamp([d["env"] for _, d in parts]).endswith("commits abc1234/def5678")
     bars = {"kind": "bars", "file": "results/bars.png", "title": "t", "group": "impl", "y": ["ms", "gbps"], "logy": True}
     plot, rows = plots.melted(bars, ROWS[:2])
@@ -233,4 +236,3 @@ def test_series_of_one_figure_never_share_a_fallback_colour():
     colors = plots.figure_colors(["4096", "16384", "phase5_fused"])
     assert colors["4096"] != colors["16384"] and colors["phase5_fused"] == plots.color("phase5_fused")
     assert colors["4096"] == plots.color("4096")            # the first keeps its course-wide colour
-
