@@ -125,7 +125,8 @@ def draw_lines(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
 def draw_bars(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
     plt = _pyplot()
     groups = list(dict.fromkeys(series_name(r, plot["group"]) for r in rows))
-    series = list(dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in rows))
+    series = bar_series(plot, rows)
+    colors = figure_colors(series)
     width = 0.8 / max(1, len(series))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) + 3), 4.4))
     for n, name in enumerate(series):
@@ -136,7 +137,7 @@ def draw_bars(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
             if found:
                 xs.append(g + (n - (len(series) - 1) / 2) * width)
                 ys.append(found[0][plot["y"]] * plot.get("scale", 1))
-        ax.bar(xs, ys, width, label=name, color=color(name))
+        ax.bar(xs, ys, width, label=name, color=colors[name])
     ax.set_xticks(range(len(groups)), groups, rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center",
                   fontsize=8)
     ax.set_xlabel(plot.get("xlabel", " ".join([plot["group"]] if isinstance(plot["group"], str) else plot["group"])))
@@ -147,6 +148,12 @@ def draw_bars(plot: dict, rows: list[dict], env: dict, path: Path) -> None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _finish(fig, plt, plot["title"], env, path)
+
+
+def bar_series(plot: dict, rows: list[dict]) -> list[str]:
+    """The series of a bar plot that have at least one value (a field not measured yet gets no bar
+    and no legend entry)."""
+    return list(dict.fromkeys(series_name(r, plot.get("series", "impl")) for r in rows if r.get(plot["y"]) is not None))
 
 
 def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict) -> None:

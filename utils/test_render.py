@@ -215,6 +215,7 @@ def test_plots_read_several_sources_and_several_fields(tmp_path):
     plot, rows = plots.melted(bars, ROWS[:2])
     assert [(r["impl"], r["field"], r["value"]) for r in rows][:2] == [("ours", "ms", 2.0), ("ours", "gbps", 1500.0)]
     assert plot["series"] == "field" and plot["y"] == "value"
+    assert plots.bar_series(*plots.melted({**bars, "y": ["ms", "none"]}, ROWS[:2])) == ["ms"]   # no empty series
     manifest = {**manifest, "plots": [roof, bars]}
     assert [p.name for p in plots.draw_all(manifest)] == ["roof.png", "bars.png"]
     assert plots.draw({**roof, "sources": [{"source": "results/missing.json"}]}, manifest) is None
