@@ -8,6 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from utils.testing import requires_toolkit
+from utils.unfused_api import MAX_HEAD_DIM
 
 PHASES = ("phase2_naive", "phase3_tiled", "phase4_coalesced")
 
@@ -29,8 +30,8 @@ def test_api_shapes_and_errors_on_fake_tensors(name):
             ph.matmul_qk(q, k[:, :1])
         with pytest.raises(ValueError, match="v must be"):
             ph.matmul_av(torch.empty(2, 3, 5, 7, device="cuda"), q)
-        with pytest.raises(ValueError, match="D=129"):
-            big = torch.empty(1, 1, 4, 129, device="cuda")
+        with pytest.raises(ValueError, match=f"D={MAX_HEAD_DIM + 1}"):
+            big = torch.empty(1, 1, 4, MAX_HEAD_DIM + 1, device="cuda")
             ph.attention(big, big, big)
         with pytest.raises(TypeError, match="s must have dtype"):
             ph.softmax(q.double())
