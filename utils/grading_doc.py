@@ -1,83 +1,70 @@
-"""The "How this phase is graded" section of each phase README, generated from the phase's rubric.json
-and from the last recorded grade of the solutions (utils/results/grade/all.json), never typed by hand.
+"""The `grading` table of a phase README: its rubric and the solutions' last recorded grade, as tables.
 
-`python -m utils.grading_doc` (also run by utils.report, so by `make run`) rewrites the section between
-the grading markers of every phase README.
+utils.render fills it wherever a README has `<!-- table:grading -->` markers, from the rubric the
+folder's manifest.json declares and the grader's record utils/results/grade/all.json
+(`python -m utils.grade --all --out utils/results/grade` on a GPU). What the tables mean is
+written by hand in the README, next to the markers.
 """
 
 from __future__ import annotations
 
-import sys
-
 from utils.build import REPO_ROOT
 from utils.gpu_checks import GRADE_RECORD, load_record
-from utils.grade import LEVEL_FRACTION, LEVELS, PHASES, load_rubric
-from utils.readme import fmt, replace_between
+from utils.grade_rubric import LEVEL_FRACTION, LEVELS, load_rubric
 
-BEGIN, END = "<!-- grading:begin -->", "<!-- grading:end -->"
-METRIC_WORDS = {"speedup": "speed-up (time of the other / time of ours)",
-                "ceiling_fraction": "fraction of the ceiling measured on the same GPU"}
+
+def _num(x) -> str:
+    return "–" if x is None else f"{x:.3g}"
 
 
 def _shapes(bench: dict) -> str:
-    return "; ".join(", ".join(f"{k}={v}" for k, v in shape.items()) for shape in bench.get("shapes", []))
+    return "; ".join(" ".join(f"{k}={v}" for k, v in shape.items()) for shape in bench["shapes"])
 
 
-def rubric_lines(number: int, rubric: dict) -> list[str]:
-    """How the grader scores this phase: the command, the notes, one row per part."""
-    levels = ", ".join(f"{lv} {LEVEL_FRACTION[lv]:.0%}" for lv in LEVELS)
-    lines = [f"`make grade PHASE={number}` (or `python -m utils.grade --phase {number}`) grades the checked-out "
-             f"copy against `{PHASES[number]}/rubric.json`; `HIDDEN=DIR` adds an instructor's tests. Correctness "
-             f"comes first: no speed points unless every test passes. A speed part earns a share of its points "
-             f"by the highest level its value reaches ({levels}; nothing below minimum); the value is "
-             f"aggregated over the shapes listed.", "", rubric.get("notes", ""), "",
-             "| part | measured on | minimum | good | excellent | points |", "|---|---|---|---|---|---|",
-             f"| correctness: every test of the phase (and the hidden ones) | – | – | – | all pass | "
-             f"{rubric['correctness']['points']} |"]
-    scripts = rubric.get("scripts")
-    if scripts:
-        names = ", ".join(c["name"] for c in scripts["commands"])
-        lines.append(f"| scripts run and exit 0: {names} | – | – | – | all run | {scripts['points']} |")
+def _call(bench: dict) -> str:
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in bench.get("kwargs", {}).items())
+    return f"`{bench['call']}`" + (f" ({kwargs})" if kwargs else "")
+
+
+def rubric_lines(rubric: dict) -> list[str]:
+    """One row per scored part: what runs, the thresholds of a speed part, the points."""
+    levels = " | ".join(f"{lv} ({LEVEL_FRACTION[lv]:.0%})" for lv in LEVELS)
+    lines = [f"| part | what runs | own kernels | {levels} | points |", "|---|---|---|---|---|---|---|"]
+    correctness = rubric["correctness"]
+    tests = ", ".join(f"`{t}`" for t in correctness["tests"])
+    select = f" (`-k {correctness['select']}`)" if correctness.get("select") else ""
+    lines.append(f"| correctness | {tests}{select} | – | – | – | – | {correctness['points']} |")
+    if rubric.get("scripts"):
+        names = "; ".join(c["name"] for c in rubric["scripts"]["commands"])
+        lines.append(f"| scripts | {names} | – | – | – | – | {rubric['scripts']['points']} |")
     for bench in rubric.get("benchmarks", []):
-        for part in bench["parts"]:
-            what = f"{bench['name']}: {part['name']} — {METRIC_WORDS[part['metric']]}, {part.get('aggregate', 'min')}"
-            lines.append(f"| {what} | {_shapes(bench)} | {fmt(part['minimum'])} | {fmt(part['good'])} | "
-                         f"{fmt(part['excellent'])} | {part['points']} |")
-    return lines + [""]
-
-
-def record_lines(folder: str, grade: dict | None) -> list[str]:
-    """The solutions' grade from the recorded run, if the record holds this phase."""
-    phase = next((p for p in (grade or {}).get("phases", []) if p["phase"] == folder), None)
-    if phase is None:
-        return ["No recorded grade of the solutions for this phase yet "
-                "(`python -m utils.run_all --grade` on a GPU writes it)."]
-    env = grade["env"]
-    lines = [f"The solutions, graded on {env['gpu']} (commit {env['commit']}, {env['date'][:10]}; "
-             f"{GRADE_RECORD.relative_to(REPO_ROOT).as_posix()}): **{fmt(phase['points'])} / {phase['max']}**.", "",
-             "| part | status | value | points |", "|---|---|---|---|"]
-    for part in phase["parts"]:
-        value = fmt(part["value"]) if part.get("value") is not None else "–"
-        lines.append(f"| {part['name']} | {part['status']} | {value} | {fmt(part['points'])} / {part['max']} |")
+        thresholds = " | ".join(f"{bench[lv]:g}x" for lv in LEVELS)
+        kernels = bench["kernels"].replace("|", "\\|")
+        lines.append(f"| speed: {bench['name']} | {_call(bench)} at {_shapes(bench)} | `{kernels}` | {thresholds} | "
+                     f"{bench['points']} |")
     return lines
 
 
-def section_lines(number: int, grade: dict | None) -> list[str]:
-    folder = PHASES[number]
-    return rubric_lines(number, load_rubric(REPO_ROOT / folder)) + record_lines(folder, grade)
+def record_lines(phase: str, record: dict | None) -> list[str]:
+    """The parts of the phase's last recorded grade, and where it was recorded."""
+    lines = ["| part | status | value | points |", "|---|---|---|---|"]
+    section = next((p for p in (record or {}).get("phases", []) if p["phase"] == phase), None)
+    if section is None:
+        return [*lines, "| – | not recorded on a GPU yet | – | – |"]
+    for part in section["parts"]:
+        points = part.get("points")
+        lines.append(f"| {part['name']} | {part['status']} | {_num(part.get('value'))} | "
+                     f"{'–' if points is None else _num(points)} / {part['max']:g} |")
+    total = section.get("points")
+    lines.append(f"| **total** | | | **{'–' if total is None else _num(total)} / {section['max']:g}** |")
+    env = record["env"]
+    return [*lines, "", f"_{GRADE_RECORD.relative_to(REPO_ROOT).as_posix()}: {env['gpu']}, torch {env['torch']}, "
+                        f"CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}._"]
 
 
-def update_readmes() -> None:
-    grade = load_record(GRADE_RECORD)
-    for number, folder in PHASES.items():
-        replace_between(REPO_ROOT / folder / "README.md", BEGIN, END, section_lines(number, grade))
-
-
-def main() -> int:
-    update_readmes()
-    print("phase READMEs: grading sections regenerated from the rubrics and utils/results/grade")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def grading_lines(manifest: dict) -> list[str]:
+    """The `grading` table of a folder: the rubric its manifest declares, then the recorded grade."""
+    if "rubric" not in manifest:
+        raise ValueError(f"{manifest['_dir'] / 'manifest.json'} declares no rubric for its grading table")
+    rubric = load_rubric(manifest["_dir"] / manifest["rubric"])
+    return [*rubric_lines(rubric), "", *record_lines(rubric["phase"], load_record(GRADE_RECORD))]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from utils.build import REPO_ROOT
-from utils import gpu_checks, plots
+from utils import gpu_checks, grading_doc, plots
 from utils.manifest import field, load_doc, load_manifest, manifests, matches, peer_row, rows_at
 
 MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
@@ -170,7 +170,7 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
 
 KINDS = {"table": table_lines, "targets": target_lines}
 # Tables filled wherever their markers stand, with no declaration: name -> fn(manifest) -> lines.
-BUILTIN = {"checks": gpu_checks.checks_lines}
+BUILTIN = {"checks": gpu_checks.checks_lines, "grading": grading_doc.grading_lines}
 
 
 def render_tables(manifest: dict) -> list[str]:

@@ -1,27 +1,99 @@
-"""The README grading sections, generated from the rubrics and the recorded grade (CPU only)."""
+"""The `grading` table (utils.grading_doc, filled by utils.render): tables only, from the rubric and
+the grader's record (CPU only)."""
+
+import json
+import re
 
 import pytest
 
-from utils import grading_doc
-from utils.grade import PHASES, load_rubric
+from utils import grading_doc, render
 from utils.build import REPO_ROOT
+from utils.grade_rubric import load_rubric, rubrics
+from utils.manifest import load_manifest, manifests
+
+RUBRICS = rubrics()
+RECORD = {"env": {"gpu": "GPU X", "torch": "2.x", "cuda": "13.0", "commit": "abc1234", "date": "2026-01-02T00:00:00"},
+          "phases": [{"phase": "phase2_naive", "points": 100.0, "max": 100,
+                      "parts": [{"name": "correctness: official tests", "status": "117 of 117 passed", "value": None,
+                                 "points": 90.0, "max": 90},
+                                {"name": "speed: attention FP32", "status": "excellent", "value": 1.0,
+                                 "points": 10.0, "max": 10}]}]}
 
 
-@pytest.mark.parametrize("number", sorted(PHASES))
-def test_every_rubric_part_has_a_row_and_every_readme_the_markers(number):
-    rubric = load_rubric(REPO_ROOT / PHASES[number])
-    lines = grading_doc.rubric_lines(number, rubric)
-    parts = [p for b in rubric.get("benchmarks", []) for p in b["parts"]]
-    assert sum(line.startswith("| ") for line in lines) == 1 + 1 + len(parts) + bool(rubric.get("scripts"))  # header, correctness
-    assert f"make grade PHASE={number}" in lines[0]
-    text = (REPO_ROOT / PHASES[number] / "README.md").read_text()
-    assert grading_doc.BEGIN in text and grading_doc.END in text
+def is_table_line(line: str) -> bool:
+    """A table row, a blank line, or the one italic line naming the record and where it was made."""
+    return line == "" or line.startswith("|") or (line.startswith("_") and line.endswith("._"))
 
 
-def test_record_lines_show_the_recorded_points_or_say_there_are_none():
-    grade = {"env": {"gpu": "GPU X", "commit": "abc1234", "date": "2026-01-02T00:00:00"},
-             "phases": [{"phase": "phase2_naive", "points": 90.0, "max": 100,
-                         "parts": [{"name": "correctness tests", "status": "9 of 9 passed", "points": 90.0, "max": 90}]}]}
-    lines = grading_doc.record_lines("phase2_naive", grade)
-    assert "GPU X" in lines[0] and "**90 / 100**" in lines[0] and lines[-1].startswith("| correctness tests |")
-    assert grading_doc.record_lines("phase3_tiled", grade)[0].startswith("No recorded grade")
+@pytest.mark.parametrize("number", sorted(RUBRICS))
+def test_rubric_table_has_a_row_per_scored_part(number):
+    rubric = load_rubric(RUBRICS[number])
+    lines = grading_doc.rubric_lines(rubric)
+    assert all(is_table_line(line) for line in lines)
+    rows = lines[2:]
+    assert len(rows) == 1 + bool(rubric.get("scripts")) + len(rubric["benchmarks"])
+    points = [float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
+    assert sum(points) == 100
+    for bench, row in zip(rubric["benchmarks"], rows[-len(rubric["benchmarks"]) or len(rows):]):
+        assert bench["call"] in row and f"{bench['excellent']:g}x" in row
+        assert row.count(" | ") == lines[0].count(" | ")  # the regex's | are escaped
+
+
+def test_record_table_shows_the_recorded_parts_or_that_there_are_none():
+    lines = grading_doc.record_lines("phase2_naive", RECORD)
+    assert all(is_table_line(line) for line in lines)
+    assert "| correctness: official tests | 117 of 117 passed | – | 90 / 90 |" in lines
+    assert "| **total** | | | **100 / 100** |" in lines
+    assert "GPU X" in lines[-1] and "abc1234" in lines[-1] and "grade/all.json" in lines[-1]
+    assert grading_doc.record_lines("phase3_tiled", RECORD)[-1] == "| – | not recorded on a GPU yet | – | – |"
+    no_gpu = {**RECORD, "phases": [{**RECORD["phases"][0], "points": None,
+                                   "parts": [{**p, "points": None} for p in RECORD["phases"][0]["parts"]]}]}
+    assert "| **total** | | | **– / 100** |" in grading_doc.record_lines("phase2_naive", no_gpu)
+
+
+def test_the_renderer_fills_the_grading_table_where_its_markers_stand(tmp_path):
+    """A phase folder whose README has the markers and whose manifest declares a rubric."""
+    folder = tmp_path / "phase9_fake"
+    folder.mkdir()
+    rubric = json.loads((REPO_ROOT / "phase3_tiled" / "rubric.json").read_text())
+    rubric.update(phase="phase9_fake", correctness={"points": 60, "tests": ["phase9_fake/test_fake.py"]})
+    rubric["benchmarks"][0]["call"] = "phase9_fake:attention"
+    (folder / "rubric.json").write_text(json.dumps(rubric))
+    (folder / "__init__.py").write_text("")
+    (folder / "test_fake.py").write_text("")
+    (folder / "manifest.json").write_text(json.dumps({"name": "phase9_fake", "rubric": "rubric.json"}))
+    (folder / "README.md").write_text("# T\n\nHand-written.\n\n<!-- table:grading -->\nold\n<!-- /table:grading -->\n")
+    assert render.render_tables(load_manifest(folder)) == ["grading"]
+    text = (folder / "README.md").read_text()
+    assert "old" not in text and "Hand-written." in text and "| speed: attention FP32 | `phase9_fake:attention`" in text
+    body = text.split("<!-- table:grading -->\n")[1].split("<!-- /table:grading -->")[0]
+    assert all(is_table_line(line) for line in body.splitlines())
+
+
+def test_a_grading_table_needs_a_declared_rubric(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "t"}))
+    (tmp_path / "README.md").write_text("<!-- table:grading -->\n<!-- /table:grading -->\n")
+    with pytest.raises(ValueError, match="declares no rubric"):
+        render.render_tables(load_manifest(tmp_path))
+
+
+def test_every_rubric_has_its_grading_table_in_a_readme_and_no_old_marker_is_left():
+    shown = set()
+    for path in manifests():
+        manifest = load_manifest(path.parent)
+        text = (path.parent / manifest.get("readme", "README.md")).read_text()
+        assert "grading:begin" not in text and "grading:end" not in text, path
+        if "<!-- table:grading -->" in text:
+            shown.add((path.parent / manifest["rubric"]).resolve())
+    assert shown == set(RUBRICS.values())
+
+
+@pytest.mark.parametrize("number", sorted(RUBRICS))
+def test_hand_written_lines_above_the_table_name_the_grade_command(number):
+    readmes = [p.parent / "README.md" for p in manifests()
+               if "<!-- table:grading -->" in (p.parent / "README.md").read_text()
+               and (p.parent / load_manifest(p.parent).get("rubric", "-")).resolve() == RUBRICS[number]]
+    for readme in readmes:
+        above = readme.read_text().split("<!-- table:grading -->")[0].rstrip("\n").splitlines()[-6:]
+        assert any(f"make grade PHASE={number}" in line for line in above)
+        assert not re.search(r"\d+(\.\d+)? / \d+", "\n".join(above))  # no typed score
