@@ -264,35 +264,3 @@ def test_ops_trace_under_torch_compile():
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     assert_close(compiled(x, r), block(x, r).double(), rel_tol=1e-6)
 
-
-def test_variant_table_names_the_fastest_mlp():
-    from phase6_layernorm_mlp import report
-
-    rows = []
-    for v, tile in enumerate(p6.LINEAR_TILES):
-        rows += [{"op": "linear1_variant", "variant": v, "tile": tile, "frac_cublas": 0.8, "ms": 1.0},
-                 {"op": "linear2_variant", "variant": v, "tile": tile, "frac_cublas": 0.7, "ms": 1.0},
-                 {"op": "mlp_variant", "variant": v, "tile": tile, "speedup_vs_torch_eager": 0.8, "ms": 2.0 - v}]
-    lines = report.variant_lines({"rows": rows, "linear_default": 0})
-    assert sum(line.startswith("| ") for line in lines) == 1 + len(p6.LINEAR_TILES)
-    assert f"Fastest MLP: variant {len(p6.LINEAR_TILES) - 1}" in lines[-2] and "not the default" in lines[-2]
-    lines = report.variant_lines({"rows": rows, "linear_default": len(p6.LINEAR_TILES) - 1})
-    assert lines[-2].endswith("; the default.") and "(default)" in lines[-4]
-    assert report.variant_lines({"rows": [r for r in rows if not r["op"].endswith("_variant")]}) == []
-
-
-def test_flush_lines_report_both_flushes_per_measured_shape():
-    from phase6_layernorm_mlp import report
-
-    def ln(impl, rows, frac, frac_write, ms, ms_write):
-        return {"impl": impl, "op": "layer_norm", "rows": rows, "hidden": 512, "dtype": "float32", "flush": "read",
-                "frac_copy": frac, "frac_copy_write_flush": frac_write, "ms": ms, "ms_write_flush": ms_write}
-
-    rows = [ln("phase6_layer_norm", 16384, 0.99, 0.80, 0.0224, 0.0278), ln("torch_layer_norm", 16384, 0.55, 0.53, 0.04, 0.041),
-            ln("phase6_layer_norm", 65536, 1.0, 0.94, 0.0893, 0.0948)]
-    lines = report.flush_lines({"rows": rows})
-    table = [line for line in lines if line.startswith("| 1") or line.startswith("| 6")]
-    assert table[0] == "| 16384 × 512 | 99.0% | 80.0% | 55.0% | 53.0% | 5.4 |"
-    assert table[1].startswith("| 65536 × 512 | 100.0% | 94.0% | – | – |")
-    assert "at 1 of 2 shapes" in lines[-2] and "**read** flush" in lines[2]
-    assert report.flush_lines({"rows": [dict(r, frac_copy_write_flush=None) for r in rows]}) == []
