@@ -8,18 +8,18 @@ q [B, H, Sq, D], k and v [B, H, Sk, D]; semantics are utils.reference's for ever
 i sees keys j <= i, also when Sq != Sk), stride keeps keys j % stride == 0, scale defaults to
 1/sqrt(D), a row with no visible key gives zeros. The output has q's dtype.
 
-Modes and what each takes (MODE_INFO has the same table as data):
+Modes and what each takes (MODE_INFO holds it as data, read from the packages that define it):
 
-    mode        kernel                           device  dtypes           D                 stride
-    reference   utils.reference, float64         any     any float        any               yes
-    naive       phase 2, three naive kernels     CUDA    float32          1..128            no
-    tiled       phase 3, three tiled kernels     CUDA    float32          1..128            no
-    coalesced   phase 4, three coalesced kernels CUDA    float32          1..128            no
-    fused       phase 5, FlashAttention FP32     CUDA    float32          32/64/80/96/128   yes
-    fused_tc    phase 5, tensor cores FP16/BF16  CUDA    float16/bfloat16 32/64/96/128      no
+    mode        kernel                           device  dtypes               D                            stride
+    reference   utils.reference, float64         any     any float            any                          yes
+    naive       phase 2, three naive kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
+    tiled       phase 3, three tiled kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
+    coalesced   phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
+    fused       phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes
+    fused_tc    phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no
 
 mode="auto" picks the first mode of AUTO_ORDER = (fused_tc, fused, coalesced, tiled, naive) that
-takes the inputs: roughly the order of the phases' measured speed (phase 5's results/metrics.json
+takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
@@ -35,7 +35,6 @@ implementation, so CUDAAttention runs under torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -45,19 +44,13 @@ import torch.nn as nn
 import phase2_naive
 import phase3_tiled
 import phase4_coalesced
-import phase5_fused
-from phase5_fused import tc
+from phase5_fused import fp32, tensor_cores
 from utils import reference
-from utils.checks import check_mask, dim_in
+from utils.checks import check_attention_shapes, check_tensor, dim_in
+from utils.unfused_api import MAX_HEAD_DIM
 
 MODES = ("reference", "naive", "tiled", "coalesced", "fused", "fused_tc")
 AUTO_ORDER = ("fused_tc", "fused", "coalesced", "tiled", "naive")
-
-FP32 = (torch.float32,)
-HALF = (torch.float16, torch.bfloat16)
-UNFUSED_MAX_D = 128  # utils.unfused_api.MAX_HEAD_DIM
-FUSED_D = (32, 64, 80, 96, 128)  # phase5_fused.SUPPORTED_D
-FUSED_TC_D = (32, 64, 96, 128)  # phase5_fused.tc.SUPPORTED_D
 
 
 @dataclass(frozen=True)
@@ -82,13 +75,15 @@ class ModeInfo:
         return None
 
 
+# Each mode's limits, read from the packages that define them (phases 2-4 share utils.unfused_api's).
+UNFUSED_D = range(1, MAX_HEAD_DIM + 1)
 MODE_INFO = {
     "reference": ModeInfo("utils.reference (float64)", False, None, None, True),
-    "naive": ModeInfo("phase2_naive", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
-    "tiled": ModeInfo("phase3_tiled", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
-    "coalesced": ModeInfo("phase4_coalesced", True, FP32, range(1, UNFUSED_MAX_D + 1), False),
-    "fused": ModeInfo("phase5_fused (fast)", True, FP32, FUSED_D, True),
-    "fused_tc": ModeInfo("phase5_fused.tc", True, HALF, FUSED_TC_D, False),
+    "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False),
+    "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False),
+    "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False),
+    "fused": ModeInfo("phase5_fused.fp32 (fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True),
+    "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False),
 }
 
 
@@ -105,47 +100,25 @@ class UnsupportedModeError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------
-# Validation common to every mode (device-agnostic, so it runs on CPU)
-
-
-def _check_inputs(q, k, v, mask, stride):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, H, S, D], got shape {tuple(x.shape)}")
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor, got {_dt(x.dtype)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {_dt(q.dtype)}, {_dt(k.dtype)}, {_dt(v.dtype)}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"k and v must be on q's device {q.device}, got {k.device} and {v.device}")
-    B, H, Sq, D = q.shape
-    if k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
-    if v.shape != k.shape:
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    if min(B, H, Sq, k.shape[2], D) == 0:
-        raise ValueError(f"q, k, v must not be empty, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if mask is not None:
-        check_mask(mask, (B, H, Sq, k.shape[2]), q.device)
-    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
-        raise ValueError(f"stride must be an integer >= 1 or None, got {stride!r}")
+# Mode resolution (from metadata, so it runs on CPU and under torch.compile)
 
 
 def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
     """The modes that take these inputs, fastest first (AUTO_ORDER, then "reference").
 
     Decided from metadata only (q's device type and dtype, D = q.shape[-1], stride); k, v and mask
-    are checked for consistency (shapes, dtypes, devices) when given, which raises on bad input
-    whatever the mode. Works on CPU, meta and fake tensors and under torch.compile."""
+    are checked for consistency (utils.checks.check_attention_shapes, the check every phase API runs)
+    when given, which raises on bad input whatever the mode. Works on CPU, meta and fake tensors and
+    under torch.compile."""
     if k is not None and v is not None:
-        _check_inputs(q, k, v, mask, stride)
+        check_attention_shapes(q, k, v, mask, stride)
+    else:
+        check_tensor(q, "q", dim=4)
     return [m for m in (*AUTO_ORDER, "reference")
             if MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride) is None]
 
 
-def resolve_mode(mode: str, q, k, v, mask=None, stride=None) -> str:
+def resolve_mode(mode: str, q, k=None, v=None, mask=None, stride=None) -> str:
     """The concrete mode that runs: `mode` itself if it takes the inputs, auto's pick for "auto";
     otherwise UnsupportedModeError naming the modes that would take them."""
     if mode != "auto" and mode not in MODES:
@@ -179,6 +152,7 @@ def _describe(q, stride) -> str:
 
 
 def _reference(q, k, v, mask, is_causal, scale, stride):
+    check_attention_shapes(q, k, v, mask, stride, is_causal, scale)
     return reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale,
                                stride=stride).to(q.dtype)
 
@@ -187,9 +161,9 @@ def _run(mode, q, k, v, mask, is_causal, scale, stride):
     if mode == "reference":
         return _reference(q, k, v, mask, is_causal, scale, stride)
     if mode == "fused":
-        return phase5_fused.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride)
+        return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride)
     if mode == "fused_tc":
-        return tc.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+        return tensor_cores.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
     phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
     return phase.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
@@ -199,16 +173,13 @@ def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bo
     """softmax(scale * q k^T + mask) v through the kernel `mode` names (see the module docstring).
 
     Raises UnsupportedModeError (a ValueError) for an unknown mode or one that cannot take the
-    inputs, listing the modes that would; TypeError / ValueError naming the argument for bad input."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-    mode = resolve_mode(mode, q, k, v, mask, stride)
+    inputs, listing the modes that would; TypeError / ValueError naming the argument for bad input.
+    The mode is chosen from q's metadata; the inputs are then checked once, by the code that runs
+    them (the phase's API, or check_attention_shapes before the reference)."""
+    mode = resolve_mode(mode, q, stride=stride)
     if stride == 1:
         stride = None
-    return _run(mode, q, k, v, mask, is_causal, None if scale is None else float(scale), stride)
+    return _run(mode, q, k, v, mask, is_causal, scale, stride)
 
 
 # ------------------------------------------------------------------------------------------------

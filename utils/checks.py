@@ -2,23 +2,38 @@
 
 The C++ ops check again (TORCH_CHECK); checking here first gives the user a Python error
 (TypeError / ValueError) instead of the dispatcher's message about backends.
+
+    check_attention_shapes   what every attention takes, on any device (final.attention's reference
+                             mode uses it alone)
+    check_attention_inputs   that, plus CUDA, the kernel's dtypes and head dims, and key_lengths
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def check_cuda_tensor(x, name: str, dtypes: tuple[torch.dtype, ...], dim: int | None = None) -> None:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_tensor(x, name: str, dim: int | None = None) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
+
+
+def check_cuda_tensor(x, name: str, dtypes: tuple[torch.dtype, ...], dim: int | None = None) -> None:
+    check_tensor(x, name)
     if not x.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor, got device {x.device}")
     if x.dtype not in dtypes:
-        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} must have dtype {allowed}, got {str(x.dtype).replace('torch.', '')}")
-    if dim is not None and x.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
+        allowed = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}, got {_dtype_name(x.dtype)}")
+    check_tensor(x, name, dim)
 
 
 def dim_in(D, dims) -> bool:
@@ -29,16 +44,19 @@ def dim_in(D, dims) -> bool:
     return any(D == d for d in dims)
 
 
-def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float32,),
-                           supported_d=None, key_lengths=None):
-    """Validate q [B,H,Sq,D], k/v [B,H,Sk,D], optional mask broadcastable to [B,H,Sq,Sk], stride,
-    and key_lengths [B]. Returns contiguous q, k, v, the mask (bool or float32) and (B,H,Sq,Sk,D)."""
+def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, scale=None):
+    """q [B,H,Sq,D], k/v [B,H,Sk,D] of one floating dtype on one device, a mask broadcastable to
+    [B,H,Sq,Sk], stride >= 1, is_causal a bool, scale finite or None. Any device (CPU and fake
+    tensors too). Returns the mask (bool, or float as float32) and (B, H, Sq, Sk, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_cuda_tensor(x, name, dtypes, dim=4)
+        check_tensor(x, name, dim=4)
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {_dtype_name(x.dtype)}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"q, k, v must share a dtype, got {_dtype_name(q.dtype)}, {_dtype_name(k.dtype)}, "
+                        f"{_dtype_name(v.dtype)}")
     if k.device != q.device or v.device != q.device:
-        raise ValueError("k and v must be on q's device")
+        raise ValueError(f"k and v must be on q's device {q.device}, got {k.device} and {v.device}")
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     if k.shape[:2] != (B, H) or k.shape[3] != D:
@@ -47,12 +65,27 @@ def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float3
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if min(B, H, Sq, Sk, D) == 0:
         raise ValueError(f"q, k, v must not be empty, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if supported_d is not None and not supported_d(D):
-        raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by this kernel")
     if mask is not None:
         mask = check_mask(mask, (B, H, Sq, Sk), q.device)
-    if stride is not None and (not isinstance(stride, int) or stride < 1):
-        raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
+        raise ValueError(f"stride must be an integer >= 1 or None, got {stride!r}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    return mask, (B, H, Sq, Sk, D)
+
+
+def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float32,),
+                           supported_d=None, key_lengths=None, is_causal=False, scale=None):
+    """check_attention_shapes, then: q, k, v CUDA tensors of one of `dtypes`, supported_d(D), and
+    key_lengths [B] int32/int64 on the GPU. Returns contiguous q, k, v, the mask and (B,H,Sq,Sk,D)."""
+    mask, (B, H, Sq, Sk, D) = check_attention_shapes(q, k, v, mask, stride, is_causal, scale)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_cuda_tensor(x, name, dtypes)
+    if supported_d is not None and not supported_d(D):
+        raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by this kernel")
     if key_lengths is not None:
         check_cuda_tensor(key_lengths, "key_lengths", (torch.int32, torch.int64), dim=1)
         if key_lengths.shape[0] != B:

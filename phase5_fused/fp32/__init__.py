@@ -1,17 +1,17 @@
-"""Phase 5: fused FlashAttention-style attention in FP32 (online softmax, no S x S buffer).
+"""Phase 5, FP32: fused FlashAttention-style attention (online softmax, no S x S buffer).
 
 attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
-          return_lse=False, kernel="fast")
+          return_lse=False, kernel="fast", variant=0)
     softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors,
-    D in {32, 64, 80, 96, 128}. kernel="teaching" runs fused_teaching.cu (Algorithm 1 in its
-    clearest form), kernel="fast" runs fused_fast.cu (register-tiled, cp.async, exp2, gathered
-    strided keys). Semantics are utils.reference's: bool mask True = attend or additive float mask
-    broadcastable to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0),
-    key_lengths [B] (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
+    D in SUPPORTED_D. kernel="teaching" runs fused_teaching.cu (Algorithm 1 in its clearest form),
+    kernel="fast" runs fused_fast.cu (register-tiled, cp.async, exp2, gathered strided keys).
+    Semantics are utils.reference's: bool mask True = attend or additive float mask broadcastable
+    to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0), key_lengths [B]
+    (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
     Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
 
 Nothing is built at import; the extension is compiled on the first call (or load()).
-The FP16/BF16 tensor-core kernel lives in phase5_fused.tc (README_tensor_cores.md).
+The FP16/BF16 tensor-core kernel is the next lesson: phase5_fused.tensor_cores.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from utils.build import op_loader
 from utils.checks import check_attention_inputs, dim_in
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
+DTYPES = (torch.float32,)
 KERNELS = ("fast", "teaching")
 # Tile configurations (Br x Bc) of the fast kernel per D, in variant order (fused_fast.cu's
 # launch_fast); variant 0 is the default.
@@ -59,18 +60,16 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask=mask, stride=stride, dtypes=(torch.float32,),
-        supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths)
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        q, k, v, mask=mask, stride=stride, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D),
+        key_lengths=key_lengths, is_causal=is_causal, scale=scale)
     # (FAST_VARIANTS[D] is looked up only for a variant > 0: D may be symbolic under torch.compile)
     if not isinstance(variant, int) or variant < 0 or (variant > 0 and variant >= FAST_VARIANTS[D]):
         raise ValueError(f"variant must be in [0, {FAST_VARIANTS[D]}) for D={D}, got {variant!r}")
     if not torch.compiler.is_compiling():  # traced tensors have no data pointer
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
-    args = (q, k, v, mask, bool(is_causal), None if scale is None else float(scale),
-            1 if stride is None else int(stride), key_lengths, bool(return_lse))
+    args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
+            1 if stride is None else stride, key_lengths, bool(return_lse))
     if kernel == "fast":
         out, lse = ops.attention_fast(*args, variant)
     else:

@@ -1,5 +1,5 @@
 """Every FP32 kernel of phase 5 once on small awkward sizes, checked against the float64 reference;
-run under compute-sanitizer by `python -m utils.sanitize phase5_fused` (memcheck + racecheck).
+run under compute-sanitizer by `python -m utils.sanitize phase5_fused.fp32` (memcheck + racecheck).
 
 Sizes: S=17 (no tile multiple), Sq != Sk both ways, masks, causal, stride, key padding, every D and
 every fast-kernel tile variant, a row with every key hidden.
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-import phase5_fused
+from phase5_fused import fp32
 from utils import reference
 from utils.testing import assert_close, random_additive_mask, random_bool_mask, random_qkv
 
 
 def case(kernel, B, H, Sq, Sk, D, **kw):
     q, k, v = random_qkv(B, H, Sq, Sk, D)
-    out, lse = phase5_fused.attention(q, k, v, kernel=kernel, return_lse=True, **kw)
+    out, lse = fp32.attention(q, k, v, kernel=kernel, return_lse=True, **kw)
     ref, ref_lse = reference.attention(q, k, v, return_lse=True,
                                        **{n: x for n, x in kw.items() if n != "variant"})
     assert_close(out, ref, dtype=torch.float32, what=f"{kernel} {Sq}x{Sk} D={D} {sorted(kw)}")
@@ -24,7 +24,7 @@ def case(kernel, B, H, Sq, Sk, D, **kw):
 
 
 def main() -> None:
-    for kernel in phase5_fused.KERNELS:
+    for kernel in fp32.KERNELS:
         case(kernel, 1, 2, 17, 17, 64)
         case(kernel, 1, 2, 17, 70, 64, is_causal=True)
         case(kernel, 1, 2, 70, 17, 64, is_causal=True)
@@ -33,11 +33,11 @@ def main() -> None:
         case(kernel, 1, 1, 65, 130, 96, stride=3, is_causal=True)
         case(kernel, 2, 1, 17, 90, 128, stride=2,
              key_lengths=torch.tensor([0, 61], dtype=torch.int64, device="cuda"))
-    for D, count in phase5_fused.FAST_VARIANTS.items():
+    for D, count in fp32.FAST_VARIANTS.items():
         for variant in range(count):
             case("fast", 1, 1, 70, 131, D, variant=variant, is_causal=True)
     torch.cuda.synchronize()
-    print("phase5_fused sanitize cases: ok")
+    print("phase5_fused.fp32 sanitize cases: ok")
 
 
 if __name__ == "__main__":

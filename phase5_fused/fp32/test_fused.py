@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-import phase5_fused
+from phase5_fused import fp32
 from utils import reference
 from utils.build import REPO_ROOT
 from utils.testing import (assert_close, random_additive_mask, random_bool_mask, random_qkv, randn,
@@ -32,7 +32,7 @@ def run(kernel, q, k, v, **kw):
     _poison_allocator(*q.shape)
     if kw.get("return_lse"):
         _poison_allocator(*q.shape[:3])
-    return phase5_fused.attention(q, k, v, kernel=kernel, **kw)
+    return fp32.attention(q, k, v, kernel=kernel, **kw)
 
 
 def check(kernel, q, k, v, rel_tol=None, **kw):
@@ -54,17 +54,25 @@ def check(kernel, q, k, v, rel_tol=None, **kw):
 def test_cpu_tensor_is_rejected_naming_the_argument():
     q = torch.randn(1, 1, 4, 64)
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        phase5_fused.attention(q, q, q)
+        fp32.attention(q, q, q)
 
 
 def test_unknown_kernel_is_rejected():
     q = torch.randn(1, 1, 4, 64)
     with pytest.raises(ValueError, match="kernel"):
-        phase5_fused.attention(q, q, q, kernel="fastest")
+        fp32.attention(q, q, q, kernel="fastest")
+
+
+def test_bad_flags_are_rejected_naming_the_argument():
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(TypeError, match="is_causal"):
+        fp32.attention(q, q, q, is_causal=1)
+    with pytest.raises(ValueError, match="scale"):
+        fp32.attention(q, q, q, scale=float("nan"))
 
 
 def test_import_builds_nothing():
-    code = "import phase5_fused, torch; from utils.build import LOADED_OPS; assert not LOADED_OPS; print('ok')"
+    code = "import phase5_fused.fp32, torch; from utils.build import LOADED_OPS; assert not LOADED_OPS; print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
@@ -83,7 +91,7 @@ def test_sequence_lengths(kernel, S):
 
 @requires_gpu
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("D", phase5_fused.SUPPORTED_D)
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(kernel, D, causal):
     check(kernel, *random_qkv(2, 2, 200, 333, D), is_causal=causal)
@@ -211,7 +219,7 @@ def test_long_sequence_runs_without_s_by_s_buffer():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out = phase5_fused.attention(q, k, v, is_causal=True)
+    out = fp32.attention(q, k, v, is_causal=True)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before <= out.numel() * 4 + 2**20
     rows = torch.tensor([0, 1, 4095, 20000, S - 1], device="cuda")
@@ -227,7 +235,7 @@ def test_long_sequence_runs_without_s_by_s_buffer():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_bad_inputs(kernel):
     q, k, v = random_qkv(1, 2, 16, 24, 64)
-    attn = phase5_fused.attention
+    attn = fp32.attention
     with pytest.raises(TypeError, match="q"):
         attn(q.double(), k, v, kernel=kernel)
     with pytest.raises(TypeError, match="q"):
@@ -259,13 +267,13 @@ def test_bad_inputs(kernel):
 def test_bad_variant():
     q, k, v = random_qkv(1, 1, 8, 8, 80)
     with pytest.raises(ValueError, match="variant"):
-        phase5_fused.attention(q, k, v, variant=1)
+        fp32.attention(q, k, v, variant=1)
 
 
 @requires_gpu
 def test_op_checks_arguments_too():
     """The C++ op validates on its own (a caller may skip the Python API)."""
-    ops = phase5_fused.load()
+    ops = fp32.load()
     q, k, v = random_qkv(1, 1, 8, 8, 48)
     with pytest.raises(RuntimeError, match="D=48"):
         ops.attention_fast(q, k, v, None, False, None, 1, None, False, 0)
@@ -277,5 +285,5 @@ def test_op_checks_arguments_too():
 @requires_gpu
 def test_compiles_under_torch_compile():
     q, k, v = random_qkv(1, 2, 64, 64, 64)
-    fn = torch.compile(lambda a, b, c: phase5_fused.attention(a, b, c, is_causal=True), fullgraph=True)
+    fn = torch.compile(lambda a, b, c: fp32.attention(a, b, c, is_causal=True), fullgraph=True)
     assert_close(fn(q, k, v), reference.attention(q, k, v, is_causal=True), dtype=torch.float32)

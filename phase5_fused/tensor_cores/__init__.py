@@ -1,9 +1,9 @@
 """Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (tc_attention.cu).
 
-    from phase5_fused import tc
-    out = tc.attention(q, k, v, is_causal=True)           # q, k, v: CUDA float16 or bfloat16
+    from phase5_fused import tensor_cores
+    out = tensor_cores.attention(q, k, v, is_causal=True)   # q, k, v: CUDA float16 or bfloat16
 
-Supports D in {32, 64, 96, 128}, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
+Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
 SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
 broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
 Accumulation and the softmax statistics are FP32; the output has the inputs' dtype.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, dim_in, check_cuda_tensor
+from utils.checks import check_attention_inputs, check_cuda_tensor, dim_in
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
@@ -52,19 +52,16 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     """softmax(scale * q k^T + mask) v on tensor cores.
 
     q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
-    {32, 64, 96, 128}; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
+    SUPPORTED_D; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
     or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. out: optional contiguous output tensor shaped like q (written in place).
     """
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
+        is_causal=is_causal, scale=scale)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
     tracing = torch.compiler.is_compiling()  # traced tensors have no data pointer
     if not tracing:
         q, k, v = _aligned(q), _aligned(k), _aligned(v)

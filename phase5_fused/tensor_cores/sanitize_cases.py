@@ -1,8 +1,6 @@
 """Every instantiation of the tensor-core kernel, once, on small awkward sizes, checked against the
-float64 reference. compute-sanitizer runs it (memcheck and racecheck):
-
-    compute-sanitizer --tool memcheck python -m phase5_fused.tc_sanitize_cases
-    compute-sanitizer --tool racecheck python -m phase5_fused.tc_sanitize_cases
+float64 reference; run under compute-sanitizer by `python -m utils.sanitize phase5_fused.tensor_cores`
+(memcheck + racecheck).
 
 Sizes: Sq = 17 and Sk = 70 (neither a multiple of any tile, Sq != Sk), one batch with a key length
 inside a block and one with none, causal, and the mask path with a fully masked row.
@@ -14,7 +12,7 @@ import sys
 
 import torch
 
-from phase5_fused import tc
+from phase5_fused import tensor_cores as tc
 from utils import reference
 from utils.testing import assert_close, poisoned_like, random_bool_mask, random_qkv
 

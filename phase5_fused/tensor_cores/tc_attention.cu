@@ -6,7 +6,7 @@
 //                                     for per-element masking.
 //   tc_attention_kernel<T, D, true>   slower correct path for a boolean or additive user mask:
 //                                     every score looks up course::mask_bias (broadcast strides).
-// What makes it fast, against the FP32 fused kernel of this phase (see README_tensor_cores.md):
+// What makes it fast, against the FP32 fused kernel of this phase (see README.md):
 //   - both matmuls on tensor cores: mma.sync.m16n8k16, FP16/BF16 operands, FP32 accumulators;
 //   - fragments loaded by ldmatrix.x4 (.trans for V) from XOR-swizzled tiles: no bank conflicts;
 //   - K/V tiles streamed by cp.async through a kStages-deep ring, so the loads of block j+1 fly

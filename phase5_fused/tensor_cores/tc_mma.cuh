@@ -4,7 +4,7 @@
 //   ldmatrix.x4 (.trans)  four 8x8 b16 matrices from shared memory into mma fragments
 //   mma.sync m16n8k16     D[16x8] += A[16x16] * B[16x8], A/B in FP16 or BF16, C/D in FP32
 // and the XOR swizzle that makes every ldmatrix and every 16-byte shared store bank-conflict free.
-// Fragment layouts are drawn in README_tensor_cores.md.
+// Fragment layouts are drawn in README.md.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-"""Tests of the tensor-core fused attention (phase5_fused.tc): FP16 and BF16 against the float64
+"""Tests of the tensor-core fused attention (phase5_fused.tensor_cores): FP16 and BF16 against the float64
 reference, within the dtype's tolerance (5e-3 FP16, 1e-2 BF16, relative norm) and no worse than
 twice torch SDPA's error in the same dtype on the same inputs. Outputs are poisoned (NaN) first.
 GPU tests skip without a GPU; the CPU-tensor error is checked everywhere.
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from phase5_fused import tc
+from phase5_fused import tensor_cores as tc
 from utils import reference
 from utils.testing import (assert_close, new_seed, poisoned_like, random_additive_mask, random_bool_mask,
                            randn, rel_error, requires_gpu)
@@ -219,6 +219,14 @@ def test_cpu_tensor_rejected_without_gpu():
         tc.attention(q, q, q)
 
 
+def test_bad_flags_rejected_without_gpu():
+    q = torch.randn(1, 1, 8, 64, dtype=torch.float16)
+    with pytest.raises(TypeError, match="is_causal"):
+        tc.attention(q, q, q, is_causal="yes")
+    with pytest.raises(ValueError, match="scale"):
+        tc.attention(q, q, q, scale=math.inf)
+
+
 def test_import_builds_nothing():
     """Importing the module (and the phase package) must not build or load the extension."""
     import subprocess
@@ -226,7 +234,7 @@ def test_import_builds_nothing():
 
     from utils.build import REPO_ROOT
 
-    proc = subprocess.run([sys.executable, "-c", "import phase5_fused.tc as t; from utils.build import LOADED_OPS; assert not LOADED_OPS"],
+    proc = subprocess.run([sys.executable, "-c", "import phase5_fused.tensor_cores; from utils.build import LOADED_OPS; assert not LOADED_OPS"],
                           cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
