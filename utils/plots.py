@@ -171,10 +171,9 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
     fig, ax = plt.subplots(figsize=(10.5, 6))
     intensities = [f / b for _, _, f, b, _ in points] + [
         f / m for _, row, f, _, _ in points for m in row.get("ncu_bytes", {}).values() if m]
-    lo = min([0.05] + [i / 3 for i in intensities])
-    hi = max([2000.0] + [i * 3 for i in intensities])
-    xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
     bandwidth = ceilings["dram_TBps"] * 1e12
+    lo, hi = x_range(plot, intensities, bandwidth)
+    xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
     for n, key in enumerate(k for k in plot.get("ceilings", ["fp32_TFLOPs", "sgemm_TFLOPs"]) if k in ceilings):
         peak = ceilings[key] * 1e12
         ax.plot(xs, [min(peak, bandwidth * x) / 1e12 for x in xs], linestyle=["-", "--", "-.", ":"][n % 4],
@@ -187,7 +186,7 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
             slope = ceilings[key] * 1e12
             if level != "dram":   # the DRAM roof is drawn with the compute ceilings above
                 ax.plot(xs, [min(top, slope * x) / 1e12 for x in xs], color="gray", linewidth=0.9, linestyle=":")
-            x_at = lo * 1.5
+            x_at = max(lo, plot.get("ymin", 0) * 1e12 / slope) * 1.5   # where the roof is in view
             ax.annotate(f"{LEVEL_STYLE[level][1]} {ceilings[key]:.1f} TB/s", (x_at, slope * x_at / 1e12), fontsize=7,
                         va="bottom", rotation=0)
     labelled = set()
@@ -207,6 +206,8 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
+    if plot.get("ymin"):
+        ax.set_ylim(bottom=plot["ymin"])
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
@@ -217,6 +218,16 @@ def draw_roofline(plot: dict, rows: list[dict], env: dict, path: Path, doc: dict
                 fontsize=7, va="top")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _finish(fig, plt, plot["title"], env, path)
+
+
+def x_range(plot: dict, intensities: list[float], bandwidth: float) -> tuple[float, float]:
+    """The intensities a Roofline spans: every point with room around it; with `ymin` (TFLOP/s, the
+    floor of the plot, which spreads points of close speeds apart), no further left than where the
+    DRAM roof meets half of it, unless a point lies there."""
+    lo = min([0.05] + [i / 3 for i in intensities])
+    if plot.get("ymin"):
+        lo = max(lo, min([plot["ymin"] * 1e12 / bandwidth / 2] + [i / 3 for i in intensities]))
+    return lo, max([2000.0] + [i * 3 for i in intensities])
 
 
 def ncu_key(plot: dict, record: dict) -> tuple:

@@ -237,3 +237,11 @@ def test_series_of_one_figure_never_share_a_fallback_colour():
     colors = plots.figure_colors(["4096", "16384", "phase5_fused"])
     assert colors["4096"] != colors["16384"] and colors["phase5_fused"] == plots.color("phase5_fused")
     assert colors["4096"] == plots.color("4096")            # the first keeps its course-wide colour
+
+
+def test_roofline_floor_narrows_the_intensities():
+    """`ymin` cuts the empty left part of a Roofline (where the DRAM roof is under the floor), never a point."""
+    assert plots.x_range({}, [100.0, 2000.0], 3e12) == (0.05, 6000.0)
+    lo, _ = plots.x_range({"ymin": 10}, [100.0, 2000.0], 3e12)
+    assert lo == pytest.approx(10e12 / 3e12 / 2)
+    assert plots.x_range({"ymin": 10}, [1.0], 3e12)[0] <= 1.0 / 3
