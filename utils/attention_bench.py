@@ -76,10 +76,6 @@ def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=t
     return sweep(configs, run_config, desc)
 
 
-def standard_configs(seq_lens, head_dims=(64, 128), causal=(False, True), B=4, H=8) -> list[dict]:
-    return [{"B": B, "H": H, "S": S, "D": D, "causal": c} for D in head_dims for c in causal for S in seq_lens]
-
-
 def plot_speed_vs_seq(rows: list[dict], path, title: str, env: dict | None = None, metric: str = "tflops"):
     """TFLOP/s (or another row metric) against sequence length, one panel per (D, causal)."""
     import matplotlib
