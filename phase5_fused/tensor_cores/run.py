@@ -1,29 +1,29 @@
-"""`python -m phase5_fused.run_tc [--quick]`: the tensor-core fused attention (phase5_fused_tc)
-beside FlashAttention-2 (sdpa_flash), cuDNN (sdpa_cudnn), sdpa_efficient and torch_naive in FP16,
-and this phase's FP32 fused kernel (phase5_fused, when it exists), at B=4, H=8, D=64 and 128,
-S 512 to 16384, causal and not. TFLOP/s against the measured FP16 tensor-core ceiling; Nsight
-Compute metrics of the kernels at S=4096; results in results/tc_metrics.json, plots in
-results/tc_roofline.png and results/tc_speed.png.
+"""`python -m phase5_fused.tensor_cores.run [--quick] [--no-ncu]`: measure the tensor-core kernel, then render.
 
-Both paths regenerate the results section and checklist of README_tensor_cores.md from the results
-(tc_report.py). Without a GPU it redraws the plots and that section from the committed
-results/tc_metrics.json (or says there are none yet), and never fails.
+1. Attention forward in FP16 at B=4, H=8, D in {64, 128}, causal and not, S from 512 to 16384:
+   phase5_fused_tc beside FlashAttention-2 (sdpa_flash), cuDNN (sdpa_cudnn), sdpa_efficient and
+   torch_naive, and the previous lesson's FP32 kernel (phase5_fused, on the same values in FP32),
+   on the same inputs in the same run.
+2. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
+   128, with the warp-state and pipe counters (this script's --profile-target); the records are
+   named impl_D<D>.
+3. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
+Without a GPU it measures nothing and renders from the committed results. --quick: a short run
+written to results/quick/metrics.json, not rendered. Under 2 minutes on an H100.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
-METRICS_PATH = RESULTS / "tc_metrics.json"
-ROOFLINE_PNG = RESULTS / "tc_roofline.png"
-SPEED_PNG = RESULTS / "tc_speed.png"
+from phase5_fused import fp32, tensor_cores
+from utils.render import render
 
+HERE = Path(__file__).resolve().parent
 B, H = 4, 8
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -42,19 +42,11 @@ HMMA_16816_FLOP = 2 * 16 * 8 * 16  # FLOPs of one mma.sync m16n8k16 (one warp-le
 
 
 def tc_fn(q, k, v, causal):
-    from phase5_fused import tc
-
-    return tc.attention(q, k, v, is_causal=causal)
+    return tensor_cores.attention(q, k, v, is_causal=causal)
 
 
-def fp32_kernel():
-    """phase5_fused.attention (the FP32 fused kernel) if the package provides it, else None."""
-    try:
-        module = importlib.import_module("phase5_fused")
-    except ImportError:
-        return None
-    fn = getattr(module, "attention", None)
-    return (lambda q, k, v, causal: fn(q, k, v, is_causal=causal)) if callable(fn) else None
+def fp32_fn(q, k, v, causal):
+    return fp32.attention(q, k, v, is_causal=causal)
 
 
 def make_inputs(S, D, seed):
@@ -67,17 +59,12 @@ def make_inputs(S, D, seed):
 # Benchmark
 
 
-def benchmark(seq_lens) -> tuple[list[dict], list[str]]:
+def benchmark(seq_lens) -> list[dict]:
     from utils import reference
     from utils.attention_bench import REFERENCE_LIMIT, try_attention_row
     from utils.bench import sweep
     from utils.peers import attention_peers
 
-    notes = []
-    fp32 = fp32_kernel()
-    if fp32 is None:
-        notes.append("phase5_fused.attention (FP32 fused kernel) not found: its rows are skipped")
-        print(notes[-1], flush=True)
     configs = [{"B": B, "H": H, "S": S, "D": D, "causal": c} for D in HEAD_DIMS for c in (False, True)
                for S in seq_lens]
 
@@ -88,45 +75,16 @@ def benchmark(seq_lens) -> tuple[list[dict], list[str]]:
         impls = {IMPL: tc_fn}
         for name, fn in attention_peers(q, k, v, causal, names=PEERS).items():
             impls[name] = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, is_causal=c_)
-        rows = []
-        for name, fn in impls.items():
-            if S > MAX_S.get(name, S):
-                continue
-            rows.append(try_attention_row(name, fn, q, k, v, causal, ref))
-        if fp32 is not None and S <= MAX_S["phase5_fused"]:
+        rows = [try_attention_row(name, fn, q, k, v, causal, ref) for name, fn in impls.items()
+                if S <= MAX_S.get(name, S)]
+        if S <= MAX_S["phase5_fused"]:
             q32, k32, v32 = (t.float() for t in (q, k, v))
-            rows.append(try_attention_row("phase5_fused", fp32, q32, k32, v32, causal, ref))
+            rows.append(try_attention_row("phase5_fused", fp32_fn, q32, k32, v32, causal, ref))
         del q, k, v, ref
         torch.cuda.empty_cache()
         return [r for r in rows if r is not None]
 
-    return sweep(configs, run_config, "tc attention"), notes
-
-
-def add_ceiling_fractions(rows, ceilings) -> None:
-    for r in rows:
-        key = {"float16": "fp16_tc_TFLOPs", "bfloat16": "bf16_tc_TFLOPs", "float32": "fp32_TFLOPs"}[r["dtype"]]
-        if ceilings.get(key):
-            r["pct_of_ceiling"] = 100.0 * r["tflops"] / ceilings[key]
-            r["ceiling"] = key
-
-
-def summarize(rows) -> list[dict]:
-    """At S=4096 per (D, causal): our TFLOP/s, the peers', and our fraction of each."""
-    out = []
-    for D in HEAD_DIMS:
-        for causal in (False, True):
-            at = {r["impl"]: r for r in rows if r["Sq"] == HEADLINE_S and r["D"] == D and r["causal"] == causal}
-            if IMPL not in at:
-                continue
-            entry = {"S": HEADLINE_S, "D": D, "causal": causal, "tflops": at[IMPL]["tflops"],
-                     "pct_of_fp16_tc": at[IMPL].get("pct_of_ceiling")}
-            for peer in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "phase5_fused"):
-                if peer in at:
-                    entry[f"{peer}_tflops"] = at[peer]["tflops"]
-                    entry[f"fraction_of_{peer}"] = at[IMPL]["tflops"] / at[peer]["tflops"]
-            out.append(entry)
-    return out
+    return sweep(configs, run_config, "tc attention")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,11 +106,12 @@ def profile_target() -> None:
 
 
 def run_ncu() -> dict:
+    """ncu records named impl_D<D> ({"phase5_fused_tc_D64": {...}, ...}), or why ncu did not run."""
     from utils.ncu import NcuUnavailable, profile_python
     from utils.roofline import attention_flops
 
     try:
-        records = profile_python(["phase5_fused.run_tc", "--profile-target"], NCU_REGEX,
+        records = profile_python(["phase5_fused.tensor_cores.run", "--profile-target"], NCU_REGEX,
                                  launch_count=len(PROFILE_CALLS), timeout=300, stalls=True)
     except NcuUnavailable as exc:
         print(f"ncu unavailable: {exc}", flush=True)
@@ -174,100 +133,33 @@ def run_ncu() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# Plots
-
-
-def draw(doc: dict) -> None:
-    from utils.attention_bench import plot_speed_vs_seq, roofline_points
-    from utils.roofline import plot_roofline
-
-    rows, env, ceilings = doc["rows"], doc["env"], doc["ceilings"]
-    plot_speed_vs_seq(rows, SPEED_PNG, "Tensor-core fused attention vs peers (B=4, H=8)", env)
-    kernels = doc.get("ncu", {}).get("kernels", {})
-    points = []
-    for D in HEAD_DIMS:
-        measured = {}
-        for impl in (IMPL, "sdpa_flash"):
-            record = kernels.get(f"{impl}_D{D}", {})
-            if record.get("dram_bytes"):
-                measured[impl] = record["dram_bytes"]
-        for p in roofline_points(rows, {"Sq": HEADLINE_S, "D": D, "causal": False}, measured):
-            p["label"] = f"{p['label']} D={D}"
-            points.append(p)
-    if points and ceilings.get("dram_TBps"):
-        plot_roofline(points, ceilings, ROOFLINE_PNG,
-                      f"Attention at B=4, H=8, S={HEADLINE_S}, non-causal (FP16; phase5_fused in FP32)",
-                      compute_ceilings=("fp16_tc_TFLOPs", "fp32_TFLOPs"), env=env)
-
-
-def write_readme(doc: dict) -> None:
-    """The generated sections of README_tensor_cores.md (tc_report.py), from the results only."""
-    from phase5_fused import tc_report
-
-    try:
-        if not tc_report.write_readme(doc):
-            print("README_tensor_cores.md has no results markers: its section was not regenerated")
-    except Exception as exc:  # the results are written; a README problem must not fail the run
-        print(f"README_tensor_cores.md not regenerated: {type(exc).__name__}: {exc}")
-
-
-def print_summary(summary: list[dict]) -> None:
-    print(f"\nS={HEADLINE_S}, B={B}, H={H}, FP16: TFLOP/s (ours / sdpa_flash / sdpa_cudnn)")
-    for e in summary:
-        flash = e.get("sdpa_flash_tflops", float("nan"))
-        cudnn = e.get("sdpa_cudnn_tflops", float("nan"))
-        frac = e.get("fraction_of_sdpa_flash", float("nan"))
-        print(f"  D={e['D']:<4} {'causal' if e['causal'] else 'full  '}  {e['tflops']:7.1f} / {flash:7.1f} / "
-              f"{cudnn:7.1f}   = {frac:.2f}x sdpa_flash")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"only S in {QUICK_SEQ_LENS}")
-    parser.add_argument("--profile-target", action="store_true", help="(internal) the calls ncu profiles")
+    parser = argparse.ArgumentParser(description="Phase 5 tensor-core attention benchmark, then its tables and plots")
+    parser.add_argument("--quick", action="store_true", help="a short run written to results/quick/ (not rendered)")
+    parser.add_argument("--profile-target", action="store_true", help="(for ncu) the calls ncu profiles")
     parser.add_argument("--no-ncu", action="store_true", help="skip Nsight Compute")
     args = parser.parse_args(argv)
-
     if args.profile_target:
         profile_target()
         return 0
     if not torch.cuda.is_available():
-        return redraw_only()
+        print("no GPU: nothing measured; the tables and plots are drawn from the committed results", flush=True)
+        render(HERE)
+        return 0
 
-    from utils.results import read_results, write_results
+    from utils.results import write_results
     from utils.roofline import get_ceilings
 
-    ceilings = get_ceilings()
-    rows, notes = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
-    add_ceiling_fractions(rows, ceilings)
-    summary = summarize(rows)
+    ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
+    rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
-    ceilings = {k: v for k, v in ceilings.items() if k != "env"}
-    write_results(METRICS_PATH, rows, ceilings, summary=summary, ncu=ncu, notes=notes, quick=args.quick)
-    doc = read_results(METRICS_PATH)
-    draw(doc)
-    write_readme(doc)
-    print_summary(summary)
-    print(f"wrote {METRICS_PATH.relative_to(RESULTS.parent.parent)}, {ROOFLINE_PNG.name}, {SPEED_PNG.name}, "
-          f"and the results section of README_tensor_cores.md")
-    return 0
-
-
-def redraw_only() -> int:
-    try:
-        from utils.results import read_results
-
-        if not METRICS_PATH.exists():
-            print("no GPU visible and no results yet (results/tc_metrics.json): nothing to plot")
-            return 0
-        doc = read_results(METRICS_PATH)
-        draw(doc)
-        write_readme(doc)
-        print(f"no GPU visible: redrew the plots and the README section from the committed "
-              f"{METRICS_PATH.name} ({doc['env'].get('gpu')}, {doc['env'].get('date', '')[:10]})")
-        print_summary(doc.get("summary", []))
-    except Exception as exc:  # never fail without a GPU: say what went wrong instead
-        print(f"no GPU visible; could not redraw from {METRICS_PATH.name}: {exc}")
+    metrics = HERE / "results" / ("quick" if args.quick else "") / "metrics.json"
+    write_results(metrics, rows, ceilings, ncu=ncu)
+    print(f"wrote {metrics.relative_to(HERE)}", flush=True)
+    if not args.quick:
+        render(HERE)
     return 0
 
 
