@@ -7,8 +7,14 @@ forward time (CUDA events, warm-up, L2 flush, median: utils.bench.time_cuda), to
 (utils.bench.peak_extra_mb), and the logits' relative error against torch_eager's FP32 logits
 (a broken kernel must not look fast). Then, at the profile shape (batch 8, seq 1024), torch.profiler
 splits each eager implementation's GPU time into attention, layer_norm, mlp and other from the
-models' named ranges (as phase1_baseline/profile_pytorch.py does). Writes final/results/metrics.json
-(utils.results; op "model" rows with B and S, DESIGN.md's schema) and prints a summary.
+models' named ranges (as phase1_baseline/profile_pytorch.py does), and three more figures join that
+shape's rows, for the models whose single call is bound by the CPU's launches more than by the GPU:
+    ms          wall time of one call after an L2 flush (every shape; CPU launches included)
+    gpu_ms      the GPU time of the call's kernels (torch.profiler, the profile's total)
+    b2b_ms      time per call of calls launched back to back (the CPU queues ahead where it can)
+    graph_ms    one call replayed from a CUDA graph, after an L2 flush (no CPU launch cost)
+Writes final/results/metrics.json (utils.results; op "model" rows with B and S, DESIGN.md's schema)
+and then draws final/README.md's tables and final/results' plots (utils.render).
 
 Implementations (IMPLS; one impl name per model and precision, the dtype field says it too):
     torch_eager            FP32, explicit-math attention (phase 1's "math")
@@ -27,12 +33,9 @@ a full run stays under about 4 minutes on an H100 (batch 32 stops at seq 1024, t
 is complete); --full drops that limit (batch 32 up to seq 4096, where torch_eager's S x S scores
 need tens of GB), --quick runs seq 128 and 1024 at batch 1 and 8. An implementation that runs out
 of memory at a shape is noted and skipped there.
-Target (issue 7): at batch 8, seq 1024 the OptimizedTransformer at least as fast as PyTorch with
-SDPA, FP32 (optimized vs torch_sdpa) and FP16 (optimized_fp16 vs torch_sdpa_fp16); "targets" in
-the results says whether it was met, from the measured times.
-It also regenerates final/README.md's measured section from the file it wrote (between the
-results markers); `--render` does only that, from the committed results, on any machine.
-Without a GPU it says so in one line and exits 0.
+The target (at batch 8, seq 1024 the OptimizedTransformer at least as fast as PyTorch with SDPA, FP32
+and FP16) is a `targets` table of final/manifest.json, one line per figure it judges.
+Without a GPU nothing is measured: it says so and redraws the tables and plots from the committed results.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ IMPLS = {
 PROFILE_ONLY_IMPLS = {
     "optimized_cublas_mlp": ("float32", "OptimizedTransformer FP32 with mlp='cublas'"),
 }
-TARGETS = {"float32": ("optimized", "torch_sdpa"), "float16": ("optimized_fp16", "torch_sdpa_fp16")}
+# Not captured in a CUDA graph: the compiled model (torch.compile has its own graph mode).
+NO_GRAPH = ("torch_sdpa_compiled",)
 
 
 def grid(seq_lens=SEQ_LENS, batches=BATCHES, max_tokens: int | None = MAX_TOKENS) -> list[dict]:
@@ -257,91 +261,69 @@ def profile_all(impls, models: Models, notes: list[str]) -> dict:
     return out
 
 
-def evaluate_targets(rows: list[dict]) -> dict:
-    """At the profile shape: is each optimized model at least as fast as its SDPA peer?"""
-    from utils.results import select
-
-    out = {}
-    for dtype, (ours, peer) in TARGETS.items():
-        a = select(rows, impl=ours, **PROFILE_SHAPE)
-        b = select(rows, impl=peer, **PROFILE_SHAPE)
-        if a and b:
-            out[dtype] = {"impl": ours, "peer": peer, **PROFILE_SHAPE, "ms": a[0]["ms"], "peer_ms": b[0]["ms"],
-                          "speedup": b[0]["ms"] / a[0]["ms"], "met": a[0]["ms"] <= b[0]["ms"]}
-        else:
-            out[dtype] = {"impl": ours, "peer": peer, **PROFILE_SHAPE, "met": None, "why": "not measured"}
-    return out
+# ------------------------------------------------------------------------------------------------
 
 
 # ------------------------------------------------------------------------------------------------
-# README section (generated from the results, never typed)
+# Launch-bound figures: what one call costs the GPU, apart from the CPU's launches
 
 
-def readme_lines(doc: dict) -> list[str]:
-    """final/README.md's measured section, every number read from the results file."""
-    from utils.readme import env_line, fmt
-
-    rows = [r for r in doc["rows"] if r["op"] == "model"]
-    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
-    by_key = {(r["impl"], r["B"], r["S"]): r for r in rows}
-    shapes = sorted({(r["B"], r["S"]) for r in rows})
-    lines = [env_line(doc), "", "**Forward time in ms** (lower is better; same weights and tokens; "
-             "the last two columns: the optimized model's speed-up over its SDPA peer)", "",
-             "| batch | seq | " + " | ".join(impls) + " | FP32 speed-up | FP16 speed-up |",
-             "|---|---|" + "---|" * (len(impls) + 2)]
-    for B, S in shapes:
-        cells = [fmt(by_key[(i, B, S)]["ms"]) if (i, B, S) in by_key else "–" for i in impls]
-        ups = []
-        for ours, peer in TARGETS.values():
-            a, b = by_key.get((ours, B, S)), by_key.get((peer, B, S))
-            ups.append(f"{b['ms'] / a['ms']:.2f}x" if a and b else "–")
-        lines.append(f"| {B} | {S} | " + " | ".join(cells) + " | " + " | ".join(ups) + " |")
-    lines += ["", "**Tokens/s and peak extra memory (MB)**", "",
-              "| batch | seq | " + " | ".join(f"{i} tok/s | {i} MB" for i in impls) + " |",
-              "|---|---|" + "---|---|" * len(impls)]
-    for B, S in shapes:
-        cells = []
-        for i in impls:
-            r = by_key.get((i, B, S))
-            cells += [fmt(r["tokens_per_s"]), fmt(r["extra_mb"])] if r else ["–", "–"]
-        lines.append(f"| {B} | {S} | " + " | ".join(cells) + " |")
-    errs = [r["rel_err"] for r in rows if r.get("rel_err") is not None and r["dtype"] == "float32"]
-    errs16 = [r["rel_err"] for r in rows if r.get("rel_err") is not None and r["dtype"] != "float32"]
-    if errs or errs16:
-        lines += ["", f"Largest logits relative error against torch_eager: FP32 impls {fmt(max(errs, default=None))}, "
-                      f"FP16 impls {fmt(max(errs16, default=None))}."]
-    lines += ["", "**Target** (issue 7: the optimized model at least as fast as PyTorch with SDPA at batch "
-                  f"{PROFILE_SHAPE['B']}, seq {PROFILE_SHAPE['S']})", ""]
-    for dtype, t in doc.get("targets", {}).items():
-        if t.get("met") is None:
-            lines.append(f"- {dtype}: {t['impl']} vs {t['peer']}: not measured")
-        else:
-            lines.append(f"- {dtype}: {t['impl']} {fmt(t['ms'])} ms vs {t['peer']} {fmt(t['peer_ms'])} ms = "
-                         f"{t['speedup']:.2f}x: {'met' if t['met'] else '**not met**'}")
-    prof = doc.get("profile", {})
-    if prof.get("by_impl"):
-        shape = prof["shape"]
-        lines += ["", f"**Where the GPU time goes** (torch.profiler ranges, batch {shape['B']}, seq {shape['S']}; "
-                      "other = embeddings, qkv / proj / lm_head GEMMs, head split and merge)", "",
-                  "| impl | kernels ms | " + " | ".join(COMPONENTS) + " |", "|---|---|" + "---|" * len(COMPONENTS)]
-        for impl, p in prof["by_impl"].items():
-            shares = [f"{fmt(p['us'][c] / 1e3)} ms ({p['share'][c]:.0%})" if p["share"].get(c) is not None else "–"
-                      for c in COMPONENTS]
-            lines.append(f"| {impl} | {fmt(p['total_gpu_us'] / 1e3)} | " + " | ".join(shares) + " |")
-    grid_doc = doc.get("grid", {})
-    if grid_doc.get("max_tokens"):
-        lines += ["", f"Grid limited to batch x seq <= {grid_doc['max_tokens']} tokens (run time); "
-                      "`python -m final.benchmark --full` measures the rest."]
-    if doc.get("notes"):
-        lines += ["", "Notes from the run:", ""] + [f"- {n}" for n in doc["notes"]]
-    return lines
+def back_to_back_ms(fn, calls: int = 20) -> float:
+    """Milliseconds per call of `calls` calls launched back to back (no flush, no sync between): the
+    GPU's time per call where the CPU launches faster than the GPU runs, the CPU's otherwise."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
 
 
-def render(doc: dict) -> bool:
-    from utils.readme import update_readme
+def graph_ms(fn) -> float:
+    """Median milliseconds of one call replayed from a CUDA graph (captured once, after warm-up calls
+    on a side stream as capture requires), with the L2 flush of utils.bench.time_cuda."""
+    from utils.bench import time_cuda
 
-    return update_readme(HERE / "README.md", readme_lines(doc), source="results/metrics.json",
-                         script="benchmark.py")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, warmup=3, reps=20, max_seconds=2.0)
+
+
+def add_launch_figures(rows: list[dict], profile: dict, models: Models, notes: list[str]) -> None:
+    """Give each row at the profile shape its GPU kernel time (from the profile), its back-to-back time
+    and its CUDA-graph time (module docstring)."""
+    from phase1_baseline.pytorch_transformer import synthetic_batch
+
+    idx = synthetic_batch(PROFILE_SHAPE["B"], PROFILE_SHAPE["S"], device=DEVICE)
+    for row in rows:
+        if (row["B"], row["S"]) != (PROFILE_SHAPE["B"], PROFILE_SHAPE["S"]):
+            continue
+        impl = row["impl"]
+        measured = profile["by_impl"].get(impl)
+        row["gpu_ms"] = measured["total_gpu_us"] / 1e3 if measured else None
+        model = models.get(impl)
+        if model is None:   # dropped after this row was measured
+            continue
+        row["b2b_ms"] = back_to_back_ms(lambda: model(idx))
+        row["graph_ms"] = None
+        if impl in NO_GRAPH:
+            continue
+        try:
+            row["graph_ms"] = graph_ms(lambda: model(idx))
+        except Exception as exc:  # a model that cannot be captured is a result to report, not a crash
+            notes.append(f"{impl}: CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        print(f"  {impl:22s} kernels {row['gpu_ms'] or float('nan'):.3f} ms, back-to-back {row['b2b_ms']:.3f} ms, "
+              f"CUDA graph {row['graph_ms'] or float('nan'):.3f} ms", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,22 +347,17 @@ def main(argv=None) -> int:
     size.add_argument("--full", action="store_true", help=f"no B*S <= {MAX_TOKENS} limit (slow; large memory)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch_sdpa_compiled out")
     parser.add_argument("--out", type=Path, default=METRICS_PATH, help="results file (default: %(default)s)")
-    parser.add_argument("--render", action="store_true",
-                        help="only regenerate final/README.md's measured section from the results file")
     args = parser.parse_args(argv)
-    if args.render or not torch.cuda.is_available():
-        from utils.results import read_results
+    from utils.render import render
+    from utils.results import write_results
 
-        if not args.render:
-            print("final.benchmark: no CUDA GPU visible, nothing measured (the committed final/results are unchanged)")
+    if not torch.cuda.is_available():
+        print("final.benchmark: no CUDA GPU visible, nothing measured (the committed final/results are unchanged)")
         if not args.out.exists():
             print(f"final.benchmark: no {args.out.name} yet, nothing to render")
             return 0
-        render(read_results(args.out))
-        print(f"rendered final/README.md from {args.out.name}")
+        render(HERE)
         return 0
-    from utils.results import read_results, write_results
-
     if torch.backends.cuda.matmul.allow_tf32:
         print("note: TF32 matmuls are enabled; FP32 rows then use TF32 tensor cores", flush=True)
     configs = (grid(QUICK["seq_lens"], QUICK["batches"]) if args.quick
@@ -395,23 +372,17 @@ def main(argv=None) -> int:
     rows += measure(list(PROFILE_ONLY_IMPLS), [PROFILE_SHAPE], models, notes)
     profile_impls = [i for i in (*IMPLS, *PROFILE_ONLY_IMPLS) if i != "torch_sdpa_compiled"]
     profile = profile_all(profile_impls, models, notes)
-    targets = evaluate_targets(rows)
+    add_launch_figures(rows, profile, models, notes)
     grid_doc = {"seq_lens": sorted({c["S"] for c in configs}), "batches": sorted({c["B"] for c in configs}),
                 "max_tokens": None if (args.full or args.quick) else MAX_TOKENS,
                 "mode": "quick" if args.quick else "full" if args.full else "default",
                 "impls": {k: {"dtype": d, "what": w} for k, (d, w) in {**IMPLS, **PROFILE_ONLY_IMPLS}.items()},
                 "tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
-    path = write_results(args.out, rows, _ceilings(), profile=profile, targets=targets, grid=grid_doc,
+    path = write_results(args.out, rows, _ceilings(), profile=profile, grid=grid_doc,
                          notes=notes, compile_s=models.compile_s, wall_s=time.perf_counter() - start)
-    if args.out.resolve() == METRICS_PATH:
-        render(read_results(path))
-    for dtype, t in targets.items():
-        if t.get("met") is None:
-            print(f"target {dtype}: {t['impl']} vs {t['peer']} not measured")
-        else:
-            print(f"target {dtype} (B={t['B']}, S={t['S']}): {t['impl']} {t['ms']:.3f} ms vs {t['peer']} "
-                  f"{t['peer_ms']:.3f} ms = {t['speedup']:.2f}x -> {'met' if t['met'] else 'NOT met'}")
     print(f"wrote {path} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
+    if args.out.resolve() == METRICS_PATH:
+        render(HERE)
     return 0
 
 

@@ -28,7 +28,7 @@ def test_walkthrough_notebook_executes_cpu_path(monkeypatch):
     seconds = time.perf_counter() - start
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "CPU path" in outputs and "relative error" in outputs
-    assert "complete_roofline.png" in outputs, "the figures were not redrawn"
+    assert "course_roofline.png" in outputs, "the figures were not redrawn"
     assert seconds < 120, f"the notebook's CPU path took {seconds:.0f} s"
 
 

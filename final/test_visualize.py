@@ -1,80 +1,128 @@
-"""final.visualize and final.report_gen run on the committed results (no GPU) and write non-empty,
-deterministic files into a temporary folder."""
+"""final/'s tables and figures, and the top-level README's, drawn by the shared renderer from the
+results files (no GPU): every declaration renders, a missing results file leaves a note, the targets
+table judges the figure it names, and the benchmark's launch figures reach the rows it reads."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from final import report_gen, visualize
+from final import benchmark as bm
+from utils import plots, render
 from utils.build import REPO_ROOT
+from utils.manifest import load_manifest
 
-pytestmark = pytest.mark.skipif(not (REPO_ROOT / visualize.SOURCES["phase5"]).exists(),
-                                reason="no committed phase 5 results to draw from")
-
-
-@pytest.fixture(scope="module")
-def report_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("final")
-    written = report_gen.generate(out)
-    assert {p.name for p in written} >= {*visualize.FIGURES, "report.md", "report.pdf"}
-    return out
+FINAL = REPO_ROOT / "final"
+ENV = {"gpu": "Test GPU", "sms": 1, "torch": "2.x", "cuda": "13.0", "driver": "1", "date": "2026-01-02T00:00:00",
+       "commit": "abc1234"}
 
 
-def test_every_figure_is_a_non_empty_png(report_dir):
-    for name in visualize.FIGURES:
-        data = (report_dir / "visualizations" / name).read_bytes()
+def rendered(folder: Path, tmp_path: Path) -> str:
+    """The folder's README with its declared tables rendered, written to a copy (the README stays as it is)."""
+    manifest = load_manifest(folder)
+    copy = tmp_path / "README.md"
+    shutil.copy(folder / manifest.get("readme", "README.md"), copy)
+    render.render_tables({**manifest, "readme": str(copy)})
+    return copy.read_text()
+
+
+def fake_final(tmp_path: Path, doc: dict | None) -> dict:
+    """final's manifest and README in a temporary folder, with `doc` as its results (none if None)."""
+    shutil.copy(FINAL / "manifest.json", tmp_path / "manifest.json")
+    shutil.copy(FINAL / "README.md", tmp_path / "README.md")
+    if doc is not None:
+        (tmp_path / "results").mkdir()
+        (tmp_path / "results" / "metrics.json").write_text(json.dumps(doc))
+    return load_manifest(tmp_path)
+
+
+def model_row(impl: str, dtype: str, ms: float, **fields) -> dict:
+    return {"impl": impl, "op": "model", "B": 8, "S": 1024, "dtype": dtype, "ms": ms,
+            "tokens_per_s": 8192 / (ms * 1e-3), "extra_mb": 1.0, **fields}
+
+
+def test_final_tables_render_from_the_committed_results(tmp_path):
+    text = rendered(FINAL, tmp_path)
+    for name in ("model", "targets", "breakdown", "grid"):
+        body = text.split(f"<!-- table:{name} -->")[1].split(f"<!-- /table:{name} -->")[0]
+        assert body.count("\n|") >= 3 and "final/results/metrics.json" in body, name
+    assert "| FP16 optimized_fp16 ≥ torch_sdpa_fp16, wall time of one call (B=8, S=1024) |" in text
+    assert "| FP16 optimized_fp16 ≥ torch_sdpa_fp16, GPU kernel time (profiler) |" in text
+
+
+def test_top_level_tables_render(tmp_path):
+    text = rendered(REPO_ROOT, tmp_path)
+    for name in ("phase1_share", "attention_fp32", "attention_fp16", "layer_norm", "mlp"):
+        assert f"<!-- table:{name} -->\n|" in text or f"<!-- table:{name} -->\n_No results yet" in text, name
+    assert "results:begin" not in text
+
+
+def test_targets_judge_the_figure_they_name(tmp_path):
+    """Wall time says met, kernel time and CUDA-graph time say not met: each line its own verdict; a
+    figure a run did not measure shows – (the committed results predate gpu_ms and graph_ms)."""
+    rows = [model_row("torch_sdpa", "float32", 6.0, gpu_ms=5.0),
+            model_row("optimized", "float32", 7.0, gpu_ms=5.5),
+            model_row("torch_sdpa_fp16", "float16", 3.0, gpu_ms=0.8, graph_ms=0.9),
+            model_row("optimized_fp16", "float16", 2.9, gpu_ms=1.0, graph_ms=1.1)]
+    manifest = fake_final(tmp_path, {"env": ENV, "ceilings": {}, "rows": rows})
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "| FP16 optimized_fp16 ≥ torch_sdpa_fp16, wall time of one call (B=8, S=1024) | 1.03x | ≥ 1.00x | yes |" in text
+    assert "| FP16 optimized_fp16 ≥ torch_sdpa_fp16, GPU kernel time (profiler) | 0.80x | ≥ 1.00x | no |" in text
+    assert "| FP16 optimized_fp16 ≥ torch_sdpa_fp16, CUDA graph replay | 0.82x | ≥ 1.00x | no |" in text
+    assert "| **optimized** | float32 | 7 | 5.5 | – | – |" in text      # back-to-back and graph not measured
+
+
+def test_missing_results_leave_notes_not_errors(tmp_path):
+    manifest = fake_final(tmp_path, None)
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert text.count("_No results yet: metrics.json is written by a GPU run._") == len(manifest["tables"])
+    drawn = [plots.draw(plot, manifest) for plot in manifest["plots"] if "sources" not in plot]
+    assert drawn and drawn == [None] * len(drawn)
+
+
+def test_every_figure_is_drawn_the_same_twice(tmp_path):
+    """Each declared figure of final/ is a PNG drawn from the results files (into a temporary
+    folder), and the same results give the same bytes."""
+    manifest = load_manifest(FINAL)
+    for plot in manifest["plots"]:
+        name = Path(plot["file"]).name
+        first = plots.draw({**plot, "file": str(tmp_path / "a" / name)}, manifest)
+        second = plots.draw({**plot, "file": str(tmp_path / "b" / name)}, manifest)
+        if first is None:   # none of its results files written yet
+            continue
+        data = first.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+        assert data == second.read_bytes(), name
 
 
-def test_same_results_same_bytes(report_dir, tmp_path):
-    for path in visualize.render_all(tmp_path):
-        assert path.read_bytes() == (report_dir / "visualizations" / path.name).read_bytes(), path.name
+def test_launch_figures_join_the_profile_shape_rows(monkeypatch):
+    """The benchmark gives each row at the profile shape its kernel time (from the profile), its
+    back-to-back time and its CUDA-graph time; a capture failure is noted, other shapes are left alone."""
+    monkeypatch.setattr(bm, "DEVICE", "cpu")
+    monkeypatch.setattr(bm, "back_to_back_ms", lambda fn: (fn(), 1.5)[1])
 
+    def graph_ms(fn):
+        if fn() == "torch_sdpa_fp16":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.9
 
-def test_report_sections_numbers_and_links(report_dir):
-    text = (report_dir / "report.md").read_text()
-    for section in ("## What worked, and why", "## What did not (yet)", "## Lessons", "## Future work", "## Figures"):
-        assert section in text
-    for name in visualize.FIGURES:
-        assert f"(visualizations/{name})" in text
-    docs = visualize.load_results()
-    fused = visualize.headline_rows(docs["phase5"], 64, "float32")["phase5_fused"]
-    from utils.readme import fmt
-
-    assert f"| phase5_fused | {fmt(fused['ms'])} | {fmt(fused['tflops'])} |" in text  # read from the results
-    assert docs["phase5"]["env"]["commit"] in text
-
-
-def test_report_pdf(report_dir):
-    data = (report_dir / "report.pdf").read_bytes()
-    assert data.startswith(b"%PDF") and len(data) > 50_000
-    assert b"/Count " in data  # a page tree: text pages, then one page per figure
-
-
-def test_report_is_deterministic(report_dir, tmp_path):
-    report_gen.generate(tmp_path, figures=False)
-    assert (tmp_path / "report.md").read_text() == (report_dir / "report.md").read_text()
-
-
-def test_roofline_has_every_phase():
-    groups = {p["group"] for p in visualize.roofline_points_all(visualize.load_results())}
-    assert {"phase 1: PyTorch eager", "phase 2: naive", "phase 3: tiled", "phase 4: coalesced",
-            "phase 5: fused FP32", "phase 5: fused FP16 tensor cores", "phase 6: LayerNorm / MLP"} <= groups
-
-
-def test_breakdown_read_from_the_end_to_end_benchmark_schema():
-    """final.benchmark writes profile.by_impl.<impl>.share (attention, layer_norm, mlp, other)."""
-    doc = {"rows": [], "profile": {"shape": {"B": 8, "S": 1024}, "by_impl": {
-        "torch_eager": {"us": {"attention": 50.0, "layer_norm": 2.0, "mlp": 30.0, "other": 18.0},
-                        "share": {"attention": 0.5, "layer_norm": 0.02, "mlp": 0.3, "other": 0.18}},
-        "optimized": {"share": {"attention": 0.25, "layer_norm": 0.05, "mlp": 0.5, "other": None}}}}}
-    bars = dict(visualize.final_breakdowns(doc))
-    assert bars["torch_eager B=8 S=1024"] == pytest.approx({"attention": 0.5, "layer_norm": 0.02, "mlp": 0.3, "other": 0.18})
-    assert sum(bars["optimized B=8 S=1024"].values()) == pytest.approx(1.0)
-
-
-def test_no_results_writes_nothing(tmp_path):
-    assert visualize.render_all(tmp_path / "v", root=tmp_path) == []
-    assert report_gen.generate(tmp_path / "r", root=tmp_path) == []
+    monkeypatch.setattr(bm, "graph_ms", graph_ms)
+    models = bm.Models([])
+    monkeypatch.setattr(models, "get", lambda impl: lambda idx: impl)
+    rows = [model_row("optimized_fp16", "float16", 2.9), model_row("torch_sdpa_fp16", "float16", 3.0),
+            model_row("torch_sdpa_compiled", "float32", 6.0), {**model_row("optimized", "float32", 1.0), "S": 128}]
+    profile = {"by_impl": {"optimized_fp16": {"total_gpu_us": 1060.0}, "torch_sdpa_fp16": {"total_gpu_us": 850.0}}}
+    notes: list[str] = []
+    bm.add_launch_figures(rows, profile, models, notes)
+    fp16, peer, compiled, other = rows
+    assert (fp16["gpu_ms"], fp16["b2b_ms"], fp16["graph_ms"]) == (pytest.approx(1.06), 1.5, 0.9)
+    assert peer["gpu_ms"] == pytest.approx(0.85) and peer["graph_ms"] is None
+    assert notes == ["torch_sdpa_fp16: CUDA graph capture failed: RuntimeError: operation not permitted when "
+                     "stream is capturing"]
+    assert compiled["gpu_ms"] is None and compiled["graph_ms"] is None   # not profiled, never captured
+    assert "gpu_ms" not in other
