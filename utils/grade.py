@@ -98,13 +98,15 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
     rubric = load_rubric(rubric_path)
     name = rubric["phase"]
     print(f"== {name}: tests", flush=True)
-    official = official_ids(reference, rubric["correctness"], timeout_s)
-    paths = list(dict.fromkeys([*rubric["correctness"]["tests"], *lesson_paths]))
+    correctness_spec = rubric["correctness"]
+    official = official_ids(reference, correctness_spec["tests"], timeout_s, correctness_spec.get("select"))
+    paths = list(dict.fromkeys([*correctness_spec["tests"], *lesson_paths]))
     tests = outcome_records(official, run_pytest(tree, paths, timeout_s), gpu)
     hidden = hidden_test_files(hidden_dir, name, single_phase) if hidden_dir else []
-    if hidden:
-        run = run_pytest(tree, [str(p) for p in hidden], timeout_s, importlib_mode=True)
-        tests += outcome_records(run["collected"], run, gpu, source="hidden")
+    if hidden:  # node ids relative to the hidden folder's parent, in the reference and in the tree alike
+        options = {"importlib_mode": True, "rootdir": Path(hidden_dir).resolve().parent}
+        hidden_ids = official_ids(reference, hidden, timeout_s, **options)
+        tests += outcome_records(hidden_ids, run_pytest(tree, hidden, timeout_s, **options), gpu, source="hidden")
     correctness = score_correctness(tests, rubric["correctness"]["points"])
 
     scripts = run_scripts(rubric["scripts"], tree) if rubric.get("scripts") else []
@@ -117,8 +119,7 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
         else:
             print(f"== {name}: speed", flush=True)
             measured = measure_speed(rubric, tree, reference)
-            failures = [f"{side}: {m['failure']}" for side, m in measured.items() if m.get("failure")]
-            note = "; ".join(failures)
+            note = "; ".join(dict.fromkeys(m["failure"] for m in measured.values() if m.get("failure")))
     speed = speed_parts(rubric, measured, correctness, gpu)
 
     parts = [{"name": "correctness: official tests", "points": correctness["points"], "max": correctness["max"],
@@ -148,8 +149,11 @@ def build_report(sections: list[dict], gpu: bool, student: Path, reference: Path
         from utils.results import env_stamp
 
         env = env_stamp()
+    def where(copy: Path) -> str:
+        return "this checkout" if copy == REPO_ROOT else str(copy)
+
     return {"env": env, "gpu_available": gpu, "no_gpu": None if gpu else NO_GPU,
-            "graded_copy": str(student), "reference_copy": str(reference), "phases": sections,
+            "graded_copy": where(student), "reference_copy": where(reference), "phases": sections,
             "points": sum(s["points"] for s in sections) if gpu else None,
             "max": sum(s["max"] for s in sections)}
 

@@ -72,15 +72,16 @@ def assemble_tree(student: Path, reference: Path, dest: Path) -> Path:
 # pytest in a subprocess
 
 
-def run_pytest(tree: Path, paths: list[str], timeout_s: float, select: str | None = None,
-               collect_only: bool = False, importlib_mode: bool = False) -> dict:
-    """pytest over paths (relative to tree, or absolute) with the grader's plugin, in tree.
-    Returns {"collected": [ids], "tests": {id: record}, "returncode", "seconds", "output_tail"}."""
+def run_pytest(tree: Path, paths: list, timeout_s: float, select: str | None = None, collect_only: bool = False,
+               importlib_mode: bool = False, rootdir: Path | None = None) -> dict:
+    """pytest over paths (relative to tree, or absolute) with the grader's plugin, in tree; rootdir
+    (default tree) is what node ids are relative to. Returns {"collected": [ids], "tests": {id: record},
+    "returncode", "seconds", "output_tail"}."""
     tree = Path(tree)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         outcomes = Path(tmp) / "outcomes.json"
         cmd = [sys.executable, "-m", "pytest", *map(str, paths), "-q", "-p", "no:cacheprovider",
-               "-p", "utils.grade_plugin", "-c", str(tree / "pyproject.toml"), "--rootdir", str(tree)]
+               "-p", "utils.grade_plugin", "-c", str(tree / "pyproject.toml"), "--rootdir", str(rootdir or tree)]
         cmd += (["-k", select] if select else []) + (["--collect-only"] if collect_only else [])
         cmd += ["--import-mode=importlib"] if importlib_mode else []
         env = {**os.environ, "PYTHONPATH": str(tree), "GRADE_OUTCOMES": str(outcomes)}
@@ -95,12 +96,11 @@ def run_pytest(tree: Path, paths: list[str], timeout_s: float, select: str | Non
             "output_tail": "\n".join(output.splitlines()[-30:])}
 
 
-def official_ids(reference: Path, correctness: dict, timeout_s: float) -> list[str]:
-    """The node ids the reference copy collects from the rubric's test files (with its select)."""
-    found = run_pytest(reference, correctness["tests"], timeout_s, correctness.get("select"), collect_only=True)
+def official_ids(reference: Path, paths: list, timeout_s: float, select: str | None = None, **options) -> list[str]:
+    """The node ids the reference copy collects from the official test files (with the rubric's select)."""
+    found = run_pytest(reference, paths, timeout_s, select, collect_only=True, **options)
     if not found["collected"]:
-        raise RuntimeError(f"the reference copy collects no official test from {correctness['tests']}:\n"
-                           + found["output_tail"])
+        raise RuntimeError(f"the reference copy collects no official test from {paths}:\n" + found["output_tail"])
     return found["collected"]
 
 

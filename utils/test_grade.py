@@ -192,6 +192,10 @@ VALUES = (1, 2, 3)
 
 def double(x):
     return 2 * x
+
+
+def triple(x):
+    return 3 * x
 '''
 FAKE_TESTS = '''
 import pytest
@@ -311,15 +315,22 @@ def test_the_tree_keeps_its_build_cache(copies):
     assert (tree / "build" / "cached.so").exists() and not (tree / "stale.py").exists()
 
 
-def test_hidden_tests_are_official(copies, tmp_path):
+def test_hidden_tests_are_official_and_collected_in_the_reference(copies, tmp_path):
     reference, student = copies
     hidden = tmp_path / "hidden" / "phase9_fake"
     hidden.mkdir(parents=True)
-    (hidden / "test_fake.py").write_text("import phase9_fake\n\ndef test_hidden():\n    assert phase9_fake.double(4) == 8\n")
+    (hidden / "test_fake.py").write_text("from phase9_fake import double, triple\n\n"
+                                         "def test_double_hidden():\n    assert double(4) == 8\n\n"
+                                         "def test_triple_hidden():\n    assert triple(4) == 12\n")
     section = _grade(reference, student, gpu=True, hidden=tmp_path / "hidden")
     hidden_tests = [t for t in section["tests"] if t["source"] == "hidden"]
-    assert [(t["outcome"], t["scored"]) for t in hidden_tests] == [("passed", True)]
-    assert section["correctness"]["total"] == 6
+    assert [(t["outcome"], t["scored"]) for t in hidden_tests] == [("passed", True)] * 2
+    assert section["correctness"]["total"] == 7
+    # A copy that breaks the hidden module's import fails its tests instead of dropping them.
+    (student / "phase9_fake" / "__init__.py").write_text(FAKE_PHASE.split("def triple")[0])
+    section = _grade(reference, student, gpu=True, hidden=tmp_path / "hidden")
+    hidden_tests = [t for t in section["tests"] if t["source"] == "hidden" and t["scored"]]
+    assert [t["outcome"] for t in hidden_tests] == ["failed"] * 2 and section["correctness"]["total"] == 7
 
 
 def test_hidden_test_folders_per_phase(tmp_path):

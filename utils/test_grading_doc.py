@@ -77,22 +77,28 @@ def test_a_grading_table_needs_a_declared_rubric(tmp_path):
         render.render_tables(load_manifest(tmp_path))
 
 
-def test_every_rubric_has_its_grading_table_in_a_readme_and_no_old_marker_is_left():
-    shown = set()
+def grading_readmes() -> dict:
+    """README -> the rubric its grading table shows: the READMEs of the manifests that declare a
+    rubric, and the README beside each rubric (phase 5's overview)."""
+    found = {path.parent / "README.md": path for path in RUBRICS.values()}
     for path in manifests():
         manifest = load_manifest(path.parent)
-        text = (path.parent / manifest.get("readme", "README.md")).read_text()
+        if "rubric" in manifest:
+            found[path.parent / manifest.get("readme", "README.md")] = (path.parent / manifest["rubric"]).resolve()
+    return {readme: rubric for readme, rubric in found.items() if "<!-- table:grading -->" in readme.read_text()}
+
+
+def test_every_rubric_has_its_grading_table_in_a_readme_and_no_old_marker_is_left():
+    for path in [*manifests(), *RUBRICS.values()]:
+        text = (path.parent / "README.md").read_text()
         assert "grading:begin" not in text and "grading:end" not in text, path
-        if "<!-- table:grading -->" in text:
-            shown.add((path.parent / manifest["rubric"]).resolve())
-    assert shown == set(RUBRICS.values())
+    assert set(grading_readmes().values()) == set(RUBRICS.values())
 
 
 @pytest.mark.parametrize("number", sorted(RUBRICS))
 def test_hand_written_lines_above_the_table_name_the_grade_command(number):
-    readmes = [p.parent / "README.md" for p in manifests()
-               if "<!-- table:grading -->" in (p.parent / "README.md").read_text()
-               and (p.parent / load_manifest(p.parent).get("rubric", "-")).resolve() == RUBRICS[number]]
+    readmes = [readme for readme, rubric in grading_readmes().items() if rubric == RUBRICS[number]]
+    assert readmes
     for readme in readmes:
         above = readme.read_text().split("<!-- table:grading -->")[0].rstrip("\n").splitlines()[-6:]
         assert any(f"make grade PHASE={number}" in line for line in above)
