@@ -262,9 +262,6 @@ def profile_all(impls, models: Models, notes: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-
-
-# ------------------------------------------------------------------------------------------------
 # Launch-bound figures: what one call costs the GPU, apart from the CPU's launches
 
 
@@ -316,12 +313,12 @@ def add_launch_figures(rows: list[dict], profile: dict, models: Models, notes: l
             continue
         row["b2b_ms"] = back_to_back_ms(lambda: model(idx))
         row["graph_ms"] = None
-        if impl in NO_GRAPH:
-            continue
-        try:
-            row["graph_ms"] = graph_ms(lambda: model(idx))
-        except Exception as exc:  # a model that cannot be captured is a result to report, not a crash
-            notes.append(f"{impl}: CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        if impl not in NO_GRAPH:
+            try:
+                row["graph_ms"] = graph_ms(lambda: model(idx))
+            except Exception as exc:  # a model that cannot be captured is a result to report, not a crash
+                notes.append(f"{impl}: CUDA graph capture failed: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200]}")
         print(f"  {impl:22s} kernels {row['gpu_ms'] or float('nan'):.3f} ms, back-to-back {row['b2b_ms']:.3f} ms, "
               f"CUDA graph {row['graph_ms'] or float('nan'):.3f} ms", flush=True)
 
