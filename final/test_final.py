@@ -273,16 +273,6 @@ def test_benchmark_grid_and_flops():
     assert bm.model_flops(1, 4, c) == 2 * 4 * (3 * 64 + 64 + 512) + 2 * 2 * 16 * 4 + 2 * 4 * 80
 
 
-def test_benchmark_targets_from_rows():
-    from final import benchmark as bm
-
-    rows = [{"impl": "optimized", "B": 8, "S": 1024, "ms": 2.0}, {"impl": "torch_sdpa", "B": 8, "S": 1024, "ms": 3.0},
-            {"impl": "optimized_fp16", "B": 8, "S": 1024, "ms": 2.0}]
-    t = bm.evaluate_targets(rows)
-    assert t["float32"]["met"] is True and t["float32"]["speedup"] == pytest.approx(1.5)
-    assert t["float16"]["met"] is None
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
     from final import benchmark as bm
@@ -438,23 +428,3 @@ def test_benchmark_measure_rows_on_cpu(monkeypatch):
     assert eager["tokens_per_s"] == pytest.approx(32 / 2e-3)
     assert eager["tflops"] == pytest.approx(bm.model_flops(2, 16) / 2e9)
     assert eager["rel_err"] is None and sdpa["rel_err_vs"] == "torch_eager" and sdpa["rel_err"] < 1e-5
-
-
-def test_readme_section_generated_from_results(tmp_path):
-    from final import benchmark as bm
-    from utils.readme import BEGIN, END
-
-    text = (bm.HERE / "README.md").read_text()
-    assert BEGIN in text and END in text
-    rows = [{"impl": i, "op": "model", "B": 8, "S": 1024, "dtype": bm.IMPLS[i][0], "ms": ms,
-             "tokens_per_s": 8192 / (ms * 1e-3), "extra_mb": 10.0, "rel_err": 1e-6}
-            for i, ms in (("torch_sdpa", 3.0), ("optimized", 2.0), ("torch_sdpa_fp16", 1.0), ("optimized_fp16", 0.5))]
-    doc = {"env": {k: "x" for k in ("gpu", "sms", "torch", "cuda", "driver", "date", "commit")}, "ceilings": {},
-           "rows": rows, "targets": bm.evaluate_targets(rows), "grid": {"max_tokens": bm.MAX_TOKENS},
-           "profile": {"shape": bm.PROFILE_SHAPE, "by_impl": {"optimized": {
-               "total_gpu_us": 1000.0, "us": {"attention": 400.0, "layer_norm": 100.0, "mlp": 300.0, "other": 200.0},
-               "share": {"attention": 0.4, "layer_norm": 0.1, "mlp": 0.3, "other": 0.2}}}}}
-    text = "\n".join(bm.readme_lines(doc))
-    assert "| 8 | 1024 | 3 | 2 | 1 | 0.5 | 1.50x | 2.00x |" in text
-    assert "float32: optimized 2 ms vs torch_sdpa 3 ms = 1.50x: met" in text
-    assert "0.4 ms (40%)" in text

@@ -85,7 +85,7 @@ class UnfusedAttention:
     def attention(self, q, k, v, mask=None, is_causal: bool = False, scale=None, *extra) -> torch.Tensor:
         """softmax(scale q k^T + mask) v through the phase's three kernels."""
         q, k, v, mask, (_, _, _, _, D) = check_attention_inputs(
-            q, k, v, mask, dtypes=(torch.float32,), supported_d=supported_head_dim)
+            q, k, v, mask, is_causal=is_causal, scale=scale, dtypes=(torch.float32,), supported_d=supported_head_dim)
         return self.load().attention(q, k, v, mask, bool(is_causal), default_scale(scale, D), *extra)
 
     def _register_fakes(self) -> None:
