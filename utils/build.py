@@ -40,7 +40,7 @@ CXX_FLAGS = ["-O3"]
 # (seen on the GPU box: a TORCH_CHECK that printed a size segfaulted).
 LD_FLAGS = ["-l:libstdc++.so.6"]
 
-# utils' own extension (the ceilings' micro-kernels); the lessons' are found through their manifests.
+# utils' own extension (the ceilings' micro-kernels); the lessons' are found by their load().
 UTILS_EXTENSIONS = ("utils.ceilings",)
 
 
@@ -263,10 +263,10 @@ def defines_load(package: str) -> bool:
 
 def extension_packages() -> list[str]:
     """Every package that owns a CUDA extension (its load() builds it): utils.ceilings, then each
-    lesson of the course (utils.manifest.lessons) whose package defines load(), in course order."""
-    from utils.manifest import lessons
-
-    return [*UTILS_EXTENSIONS, *(m["name"] for m in lessons() if defines_load(m["name"]))]
+    package of the course (a folder with __init__.py, one or two levels down) that defines load()."""
+    found = [*REPO_ROOT.glob("*/__init__.py"), *REPO_ROOT.glob("*/*/__init__.py")]
+    names = sorted(".".join(p.parent.relative_to(REPO_ROOT).parts) for p in found)
+    return [*UTILS_EXTENSIONS, *(n for n in names if not n.startswith("utils") and defines_load(n))]
 
 
 def build_all(packages=None) -> bool:

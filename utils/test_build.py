@@ -81,7 +81,7 @@ def test_build_all_reports_failures(monkeypatch, capsys):
     assert "FAILED: boom" in capsys.readouterr().out
 
 
-def test_extension_packages_are_found_through_the_manifests():
+def test_extension_packages_are_the_packages_that_define_load():
     from utils.manifest import lessons
 
     found = build.extension_packages()
