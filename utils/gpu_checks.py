@@ -56,9 +56,10 @@ def sanitize_row(module: str, record: dict | None) -> str:
 
 
 def checks_lines(manifest: dict) -> list[str]:
-    """The `checks` table of a folder (its manifest's tests and sanitize) and the records' names."""
+    """The `checks` table of a folder (its manifest's tests and sanitize) and the records it read."""
+    tests, modules = manifest.get("tests", []), manifest.get("sanitize", [])
     grade, sanitized = load_record(GRADE_RECORD), load_record(SANITIZE_RECORD)
-    rows = [tests_row(path, grade) for path in manifest.get("tests", [])]
-    rows += [sanitize_row(module, sanitized) for module in manifest.get("sanitize", [])]
-    sources = ", ".join(p.relative_to(REPO_ROOT).as_posix() for p in (GRADE_RECORD, SANITIZE_RECORD))
-    return [*HEADER, *(rows or [row("–", "–", None)]), "", f"_{sources}._"]
+    rows = [*(tests_row(path, grade) for path in tests), *(sanitize_row(module, sanitized) for module in modules)]
+    read = [record for record, used in ((GRADE_RECORD, tests), (SANITIZE_RECORD, modules)) if used]
+    sources = ", ".join(p.relative_to(REPO_ROOT).as_posix() for p in read)
+    return [*HEADER, *(rows or [row("–", "–", None)]), *(["", f"_{sources}._"] if read else [])]

@@ -70,6 +70,7 @@ def test_the_renderer_fills_the_checks_table_from_the_manifest(tmp_path, monkeyp
         "| pytest phase9_demo | 2 of 2 passed | GPU X | abc1234 | 2026-01-02 |\n"
         "| compute-sanitizer phase9_demo.sanitize_cases | memcheck clean, racecheck clean | GPU X | abc1234 | 2026-01-02 |\n"
         "\n_utils/results/grade/all.json, utils/results/sanitize.json._\n<!-- /table:checks -->\n")
+    assert gpu_checks.checks_lines({"tests": ["phase9_demo"]})[-1] == "_utils/results/grade/all.json._"
 
 
 def test_every_checks_table_has_a_manifest_with_checks():
