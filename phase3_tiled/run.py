@@ -8,7 +8,7 @@
    (BUDGETS_MS), which keeps the run under 2 minutes: phase2_naive stops first.
 2. Each kernel on its own (matmul_qk, softmax, matmul_av) for every tile, beside cuBLAS and
    torch.softmax (and phase 2's kernels at S=1024).
-3. The compiler report (registers, shared memory, theoretical occupancy: compiler_report.py) and
+3. The compiler report (registers, shared memory, theoretical occupancy: utils.compiler_report) and
    Nsight Compute on one attention call per tile at the headline shape.
 4. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: a short
@@ -41,6 +41,13 @@ BUDGETS_MS = {"phase2_naive": 100.0, IMPLS[8]: 100.0, IMPLS[16]: 300.0, IMPLS[32
 KERNEL_SHAPES = ((1024, 64), (4096, 64), (4096, 128))
 KERNEL_OPS = {"tiled_qk_kernel": "matmul_qk", "block_softmax_kernel": "softmax",
               "tiled_av_kernel": "matmul_av"}
+KERNEL_SOURCES = tuple(s for s in ph3.SOURCES if s.endswith(".cu"))
+
+
+def launch_threads(kernel: dict) -> int:
+    """The launch configuration of a compiled kernel: T x T threads for a tiled matmul of tile T,
+    up to 256 for the block softmax."""
+    return kernel["tile"] ** 2 if kernel["tile"] else 256
 
 
 def impl_factories() -> dict:
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         return render_committed(HERE)
 
-    from phase3_tiled import compiler_report
+    from utils import compiler_report
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
@@ -95,7 +102,7 @@ def main(argv=None) -> int:
         rows += kernel_rows(impl, ops, shapes)
     # Registers and shared memory from ptxas, then ncu on one attention call per tile.
     try:
-        compiler = compiler_report.report()
+        compiler = compiler_report.report(HERE, KERNEL_SOURCES, KERNEL_OPS, launch_threads)
     except Exception as exc:  # the benchmark stands without it; the compiler table stays empty
         print(f"compiler report failed: {exc}", flush=True)
         compiler = []

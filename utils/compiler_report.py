@@ -1,7 +1,8 @@
-"""Registers, shared memory and spills of phase 3's kernels from the compiler (ptxas -v), and the
-theoretical occupancy they allow. Needs the CUDA toolkit, not a GPU.
+"""Registers, shared memory and spills of a lesson's kernels from the compiler (ptxas -v), and the
+theoretical occupancy their launch configuration allows. Needs the CUDA toolkit, not a GPU.
 
-`python -m phase3_tiled.compiler_report` prints the table; run.py stores it in metrics.json.
+    report(folder, sources, kernel_ops, threads)   one record per kernel (phase 3's run.py stores
+                                                   them in its results file)
 """
 
 from __future__ import annotations
@@ -14,18 +15,14 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SOURCES = ("tiled_qk.cu", "block_softmax.cu", "tiled_av.cu")
-KERNEL_OPS = {"tiled_qk_kernel": "matmul_qk", "block_softmax_kernel": "softmax",
-              "tiled_av_kernel": "matmul_av"}
-
 # sm_90 (H100) per-SM limits, used when no GPU is visible to ask.
 SM90_LIMITS = {"max_threads": 2048, "max_blocks": 32, "registers": 65536, "smem_bytes": 233472,
                "smem_reserved_per_block": 1024, "reg_alloc_unit": 256}
 
 
-def ptxas_report(sources=SOURCES) -> list[dict]:
-    """One record per kernel: name (demangled), registers, smem_bytes, spill stores / loads."""
+def ptxas_report(folder: Path, sources) -> list[dict]:
+    """One record per kernel of the folder's sources: name (demangled), registers, smem_bytes, spill
+    stores / loads."""
     from utils.build import CSRC, check_setup
 
     cuda_home = check_setup()
@@ -35,7 +32,7 @@ def ptxas_report(sources=SOURCES) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
                 [str(cuda_home / "bin" / "nvcc"), f"-arch=sm_{arch}", "-O3", "-c", "-Xptxas", "-v",
-                 f"-I{CSRC}", f"-I{HERE}", str(HERE / source), "-o", str(Path(tmp) / "k.o")],
+                 f"-I{CSRC}", f"-I{folder}", str(Path(folder) / source), "-o", str(Path(tmp) / "k.o")],
                 capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source}:\n{proc.stderr[-2000:]}")
@@ -47,6 +44,8 @@ def ptxas_report(sources=SOURCES) -> list[dict]:
 
 
 def parse_ptxas(log: str) -> list[dict]:
+    """Records of a ptxas -v log: mangled and demangled name, registers, smem_bytes, spills, and the
+    tile (the first integer template argument, if any) in `name` (`tiled_qk_kernel<16>`)."""
     records: list[dict] = []
     current: dict | None = None
     for line in log.splitlines():
@@ -70,9 +69,6 @@ def parse_ptxas(log: str) -> list[dict]:
         t = re.search(r"ILi(\d+)E", r["mangled"])
         r["tile"] = int(t.group(1)) if t else None
         r["name"] = (name.group(1) if name else r["kernel"]) + (f"<{r['tile']}>" if r["tile"] else "")
-        r["op"] = next((op for key, op in KERNEL_OPS.items() if key in r["name"]), "?")
-        # Launch configuration: T x T threads for the tiled matmuls, up to 256 for the softmax.
-        r["threads"] = r["tile"] ** 2 if r["tile"] else 256
     return records
 
 
@@ -118,23 +114,13 @@ def theoretical_occupancy(threads: int, registers: int, smem_bytes: int, limits:
             "occupancy_pct": 100.0 * blocks * warps / (lim["max_threads"] // 32)}
 
 
-def report() -> list[dict]:
-    """ptxas records with the theoretical occupancy of each kernel's launch configuration."""
-    records = ptxas_report()
+def report(folder: Path, sources, kernel_ops: dict, threads) -> list[dict]:
+    """ptxas records of the folder's sources, each with its op (kernel_ops: name part -> op), its
+    launch's thread count (threads(record) -> int) and the theoretical occupancy that allows."""
+    records = ptxas_report(folder, sources)
     limits = sm_limits()
     for r in records:
+        r["op"] = next((op for key, op in kernel_ops.items() if key in r["name"]), "?")
+        r["threads"] = threads(r)
         r.update(theoretical_occupancy(r["threads"], r.get("registers", 0), r.get("smem_bytes", 0), limits))
     return records
-
-
-def main() -> None:
-    print(f"{'kernel':<26} {'threads':>7} {'regs':>5} {'smem B':>7} {'spills':>7} {'blocks/SM':>9} {'occ %':>6} limit")
-    for r in report():
-        spills = r.get("spill_stores", 0) + r.get("spill_loads", 0)
-        print(f"{r['name']:<26} {r['threads']:>7} {r.get('registers', 0):>5} "
-              f"{r.get('smem_bytes', 0):>7} {spills:>7} {r['blocks_per_sm']:>9} {r['occupancy_pct']:>6.1f} "
-              f"{r['limited_by']}")
-
-
-if __name__ == "__main__":
-    main()
