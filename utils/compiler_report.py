@@ -124,3 +124,24 @@ def report(folder: Path, sources, kernel_ops: dict, threads) -> list[dict]:
         r["threads"] = threads(r)
         r.update(theoretical_occupancy(r["threads"], r.get("registers", 0), r.get("smem_bytes", 0), limits))
     return records
+
+
+def main(argv=None) -> int:
+    """`python -m utils.compiler_report FOLDER`: registers, shared memory and spills of every kernel
+    of the folder's .cu files (no GPU needed)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m utils.compiler_report FOLDER   (a lesson folder, e.g. phase3_tiled)")
+        return 2
+    folder = Path(args[0]).resolve()
+    print(f"{'kernel':<40} {'regs':>5} {'smem B':>7} {'spill B':>8}")
+    for r in ptxas_report(folder, sorted(p.name for p in folder.glob("*.cu"))):
+        spills = r.get("spill_stores", 0) + r.get("spill_loads", 0)
+        print(f"{r['name']:<40} {r.get('registers', 0):>5} {r.get('smem_bytes', 0):>7} {spills:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
