@@ -17,18 +17,20 @@ from pathlib import Path
 from utils import roofline
 from utils.manifest import field, load_doc, matches, rows_at
 
-# One colour per implementation, wherever it is drawn.
+# One colour per implementation, wherever it is drawn; the end-to-end models share the colour of the
+# attention they run (MODEL_ALIASES), and no other two implementations share one.
 COLORS = {
     "torch_naive": "#7f7f7f", "sdpa_math": "#bcbd22", "sdpa_efficient": "#17becf", "sdpa_flash": "#1f77b4",
-    "sdpa_cudnn": "#9467bd", "cublas": "#8c564b", "torch_layer_norm": "#7f7f7f", "torch_mlp": "#8c564b",
-    "torch_mlp_compiled": "#c49c94", "torch_eager": "#7f7f7f", "torch_sdpa": "#1f77b4",
+    "sdpa_cudnn": "#9467bd", "cublas": "#8c564b", "torch_layer_norm": "#525252", "torch_mlp": "#bd9e39",
+    "torch_mlp_compiled": "#e7cb94", "torch_eager": "#7f7f7f", "torch_sdpa": "#1f77b4",
     "torch_sdpa_compiled": "#aec7e8",
     "phase2_naive": "#d62728", "phase3_tiled_t8": "#ffbb78", "phase3_tiled_t16": "#ff7f0e",
     "phase3_tiled_t32": "#e377c2", "phase4_coalesced": "#2ca02c", "phase5_fused_teaching": "#98df8a",
-    "phase5_fused": "#006400", "phase5_fused_tc": "#000080", "phase6_layer_norm": "#2ca02c",
-    "phase6_mlp": "#2ca02c", "optimized": "#006400", "optimized_fp16": "#a55194", "torch_sdpa_fp16": "#e7969c",
+    "phase5_fused": "#006400", "phase5_fused_tc": "#000080", "phase6_layer_norm": "#e7ba52",
+    "phase6_mlp": "#8ca252", "optimized": "#006400", "optimized_fp16": "#a55194", "torch_sdpa_fp16": "#e7969c",
     "optimized_cublas_mlp": "#b5cf6b",
 }
+MODEL_ALIASES = {"torch_eager": "torch_naive", "torch_sdpa": "sdpa_flash", "optimized": "phase5_fused"}
 FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 LEVEL_STYLE = {"dram": ("o", "DRAM"), "l2": ("s", "L2"), "l1": ("^", "L1/shared")}
 CEILING_LABELS = {"fp32_TFLOPs": "FP32 FFMA peak", "sgemm_TFLOPs": "cuBLAS SGEMM",

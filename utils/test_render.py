@@ -111,6 +111,12 @@ def test_plots_are_drawn(tmp_path):
     assert plots.measured_bytes(declared[2], DOC) == {("ours",): {"dram": 4e6, "l2": 2e6}}
 
 
+def test_no_two_implementations_share_a_colour():
+    distinct = {name: c for name, c in plots.COLORS.items() if name not in plots.MODEL_ALIASES}
+    assert len(set(distinct.values())) == len(distinct)
+    assert all(plots.COLORS[m] == plots.COLORS[a] for m, a in plots.MODEL_ALIASES.items())
+
+
 def test_one_colour_per_implementation():
     assert plots.color("phase5_fused_tc_D64") == plots.color("phase5_fused_tc")
     assert plots.color("optimized_fp16") != plots.color("optimized")   # a model in FP16 is another impl
