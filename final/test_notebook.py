@@ -1,4 +1,5 @@
-"""The walkthrough notebook runs (CPU path) so it cannot rot: executed with nbclient in a fresh kernel.
+"""The walkthrough notebook runs (CPU path) so it cannot rot: executed with nbclient in a fresh kernel;
+and it is committed with the outputs of a run.
 
 COURSE_NOTEBOOK_CPU=1 makes the notebook take its CPU path even on a GPU box (its GPU cells build every
 extension, which takes minutes). Skipped, with the reason, where nbclient or ipykernel is missing.
@@ -32,9 +33,16 @@ def test_walkthrough_notebook_executes_cpu_path(monkeypatch):
     assert seconds < 120, f"the notebook's CPU path took {seconds:.0f} s"
 
 
-def test_notebook_is_committed_without_outputs():
-    """Outputs (images, timings) would go stale in the repository: the notebook is committed clean."""
+def test_notebook_is_committed_with_the_outputs_of_its_run():
+    """A student who opens the notebook sees what it computes (`make run` re-executes it: utils.notebook):
+    every code cell has its outputs, the figures among them, and no output names a path of the
+    machine that ran it."""
     import json
 
     nb = json.loads(NOTEBOOK.read_text())
-    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("outputs") for c in code), "a code cell has no stored output: run python -m utils.notebook"
+    assert any("image/png" in o.get("data", {}) for c in code for o in c["outputs"])
+    stored = json.dumps([c["outputs"] for c in code])
+    assert "/home/" not in stored and "/work/" not in stored and "/tmp/" not in stored
+    assert not any(o.get("output_type") == "error" for c in code for o in c["outputs"])

@@ -9,7 +9,8 @@ on every lesson (--sanitize, recorded in utils/results/sanitize.json) and the gr
 lesson (--grade, recorded in utils/results/grade/). --archive DIR packs every results folder and
 the logs into DIR/results.tar.gz, to unpack at the repository root.
 Without a GPU nothing is measured: `python -m utils.render` redraws every table and plot from the
-committed results, and this says so. Each step prints its number (step i of n) and its time.
+committed results, and this says so. Last, the walkthrough notebook is executed and stored with its
+outputs (utils.notebook). Each step prints its number (step i of n) and its time.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def plan(args: argparse.Namespace, gpu: bool) -> list[Step]:
     # A part's (or a few lessons') archive holds only what it measured: the full job renders.
     if not gpu or not (args.only or args.part):
         steps.append(python_step("render", "-m", "utils.render"))
+        steps.append(python_step("notebook", "-m", "utils.notebook", "final/walkthrough.ipynb"))
     return steps
 
 

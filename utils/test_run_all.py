@@ -34,14 +34,14 @@ def test_the_parts_cover_every_lesson_run_once():
     assert sum(s.get("sanitize", False) for s in run_all.PART_STEPS.values()) == 1
 
 
-def test_without_a_gpu_the_job_only_renders():
-    assert _steps([], gpu=False) == ["render"]
-    assert _steps(["--tests", "utils", "--sanitize", "--grade"], gpu=False) == ["tests", "render"]
+def test_without_a_gpu_the_job_only_renders_and_executes_the_notebook():
+    assert _steps([], gpu=False) == ["render", "notebook"]
+    assert _steps(["--tests", "utils", "--sanitize", "--grade"], gpu=False) == ["tests", "render", "notebook"]
 
 
-def test_on_a_gpu_each_lesson_runs_in_course_order_then_the_renderer():
+def test_on_a_gpu_each_lesson_runs_in_course_order_then_the_renderer_and_the_notebook():
     assert _steps(["--tests", "--sanitize", "--grade"], gpu=True) == \
-        ["tests", "sanitize", "grade", "ceilings", *run_all.lesson_runs(), "render"]
+        ["tests", "sanitize", "grade", "ceilings", *run_all.lesson_runs(), "render", "notebook"]
 
 
 def test_a_part_runs_its_lessons_and_its_job_wide_steps_without_rendering():
