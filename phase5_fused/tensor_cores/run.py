@@ -14,13 +14,13 @@ written to results/quick/metrics.json, not rendered. Under 2 minutes on an H100.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 from phase5_fused import fp32, tensor_cores
+from utils.kernel_bench import parse_args, render_committed, results_dir
 from utils.render import render
 
 HERE = Path(__file__).resolve().parent
@@ -111,7 +111,7 @@ def run_ncu() -> dict:
     from utils.roofline import attention_flops
 
     try:
-        records = profile_python(["phase5_fused.tensor_cores.run", "--profile-target"], NCU_REGEX,
+        records = profile_python(["phase5_fused.tensor_cores.run", "--profile-target", "all"], NCU_REGEX,
                                  launch_count=len(PROFILE_CALLS), timeout=300, stalls=True)
     except NcuUnavailable as exc:
         print(f"ncu unavailable: {exc}", flush=True)
@@ -136,18 +136,12 @@ def run_ncu() -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Phase 5 tensor-core attention benchmark, then its tables and plots")
-    parser.add_argument("--quick", action="store_true", help="a short run written to results/quick/ (not rendered)")
-    parser.add_argument("--profile-target", action="store_true", help="(for ncu) the calls ncu profiles")
-    parser.add_argument("--no-ncu", action="store_true", help="skip Nsight Compute")
-    args = parser.parse_args(argv)
+    args = parse_args(argv, "Phase 5 tensor-core attention benchmark, then its tables and plots")
     if args.profile_target:
         profile_target()
         return 0
     if not torch.cuda.is_available():
-        print("no GPU: nothing measured; the tables and plots are drawn from the committed results", flush=True)
-        render(HERE)
-        return 0
+        return render_committed(HERE)
 
     from utils.results import write_results
     from utils.roofline import get_ceilings
@@ -155,7 +149,7 @@ def main(argv=None) -> int:
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
-    metrics = HERE / "results" / ("quick" if args.quick else "") / "metrics.json"
+    metrics = results_dir(HERE, args.quick) / "metrics.json"
     write_results(metrics, rows, ceilings, ncu=ncu)
     print(f"wrote {metrics.relative_to(HERE)}", flush=True)
     if not args.quick:
