@@ -73,12 +73,12 @@ def attention_rows(seq_lens=SEQ_LENS, batch=PROFILE_SHAPE["batch"]) -> list[dict
 
 
 def ncu_records(module: str) -> list[dict]:
-    """ncu metrics of torch_naive's kernels at the profile shape (`python -m module --ncu-target`),
+    """ncu metrics of torch_naive's kernels at the profile shape (`python -m module --profile-target all`),
     each labelled with the attention problem and its step (the five kernels that take more than 2%
     of the time, in launch order). Raises utils.ncu.NcuUnavailable where ncu cannot run."""
     from utils.ncu import profile_python
 
-    records = profile_python([module, "--ncu-target"], from_start=False)
+    records = profile_python([module, "--profile-target", "all"], from_start=False)
     total = sum(r.get("time_ns") or 0 for r in records)
     main_kernels = [r for r in records if (r.get("time_ns") or 0) > 0.02 * total]
     names = STEPS if len(main_kernels) == len(STEPS) else [f"kernel{n}" for n in range(len(main_kernels))]

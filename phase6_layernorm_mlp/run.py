@@ -9,12 +9,12 @@
   (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant).
 - ncu on one call of each kernel at the headline shapes (a `--profile-target all` run of this file).
 Writes results/metrics.json, then renders the README tables and the plots that manifest.json
-declares (utils.render); without a GPU it only renders, from the committed results.
+declares (utils.render); without a GPU it only renders, from the committed results. --quick: fewer
+shapes, no torch.compile, no ncu, written to results/quick/ (not rendered); --no-ncu: skip ncu.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from utils import reference, roofline
 from utils.bench import sweep, time_cuda
 from utils.ncu import profile_python, summarize
 from utils.peers import no_tf32
+from utils.kernel_bench import parse_args, render_committed, results_dir
 from utils.render import render
 from utils.results import write_results
 from utils.testing import randn, rel_error
@@ -220,31 +221,28 @@ def run_ncu(notes: list[str]) -> list[dict]:
     return labelled
 
 
-def measure(quick: bool) -> Path:
+def measure(quick: bool, no_ncu: bool = False) -> Path:
     p6.load()
     ceilings = roofline.get_ceilings()
     notes: list[str] = ["--quick run: fewer shapes, no torch.compile, no ncu"] if quick else []
     rows = bench_layer_norm(ceilings, quick) + bench_gelu() + bench_mlp(quick, notes)
-    records = [] if quick else run_ncu(notes)
-    return write_results(HERE / "results" / "metrics.json", rows, ceilings, ncu=records, notes=notes,
+    records = [] if quick or no_ncu else run_ncu(notes)
+    return write_results(results_dir(HERE, quick) / "metrics.json", rows, ceilings, ncu=records, notes=notes,
                          linear_default=p6.LINEAR_DEFAULT)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer shapes, no torch.compile, no ncu")
-    parser.add_argument("--profile-target", choices=["all"], help="(used by ncu) one call of each kernel")
-    args = parser.parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     if args.profile_target:
         profile_target()
         return 0
-    if torch.cuda.is_available():
-        print(f"wrote {measure(args.quick).relative_to(HERE.parent)}", flush=True)
-    else:
-        print("no GPU: rendering the tables and plots from the committed results", flush=True)
-    render(HERE)
+    if not torch.cuda.is_available():
+        return render_committed(HERE)
+    metrics = measure(args.quick, args.no_ncu)
+    print(f"wrote {metrics.relative_to(HERE.parent)}", flush=True)
+    if not args.quick:
+        render(HERE)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
