@@ -13,10 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
-from utils.kernel_bench import parse_args, render_committed, results_dir
-from utils.render import render
+from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
 MODULE = "phase1_baseline.run"
@@ -43,20 +40,15 @@ def measure(quick: bool, no_ncu: bool = False) -> Path:
                          notes=notes)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv, __doc__.split("\n\n")[0])
-    if args.profile_target:
-        from phase1_baseline.profile_pytorch import ncu_target
+def profile_target(names: str) -> None:
+    from phase1_baseline.profile_pytorch import ncu_target
 
-        ncu_target()
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-    metrics = measure(args.quick, args.no_ncu)
-    print(f"wrote {metrics.relative_to(HERE.parent)}", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    ncu_target()
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, __doc__.split("\n\n")[0], lambda args: measure(args.quick, args.no_ncu),
+                       profile_target)
 
 if __name__ == "__main__":
     sys.exit(main())

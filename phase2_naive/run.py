@@ -15,16 +15,11 @@ sweep written to results/quick/metrics.json, not rendered.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-import torch
-
 import phase2_naive as ph
-from utils.kernel_bench import (attention_impl, kernel_rows, parse_args, peer_impls, profile,
-                                profile_target, render_committed, results_dir, sweep_with_budget,
-                                torch_kernel_ops)
-from utils.render import render
+from utils.kernel_bench import (attention_impl, kernel_rows, lesson_main, peer_impls, profile,
+                                profile_target, results_dir, sweep_with_budget, torch_kernel_ops)
 
 HERE = Path(__file__).resolve().parent
 NAME = "phase2_naive"
@@ -37,18 +32,11 @@ KERNEL_OPS = {"naive_qk_kernel": "matmul_qk", "naive_softmax_kernel": "softmax",
               "naive_av_kernel": "matmul_av"}
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv, "Phase 2 benchmark and ncu profile, then its tables and plots")
-    if args.profile_target:
-        profile_target(args.profile_target, {NAME: lambda: attention_impl(ph)}, HEADLINE)
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-
+def measure(args) -> Path:
+    """The measurements of this lesson, written to its results file (returned)."""
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
-    start = time.perf_counter()
     ceilings = get_ceilings()
     # The attention sweep, every peer in the same run.
     seq_lens = QUICK_SEQ_LENS if args.quick else SEQ_LENS
@@ -66,12 +54,13 @@ def main(argv=None) -> int:
     # ncu on one attention call at the headline shape.
     ncu = ({"shape": HEADLINE, "note": "skipped (--no-ncu)", "kernels": []} if args.no_ncu
            else profile(f"{NAME}.run", [NAME], "naive_", KERNEL_OPS, HEADLINE))
-    metrics = write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
-                            headline=HEADLINE, budget={"max_call_ms": MAX_CALL_MS})
-    print(f"wrote {metrics.relative_to(HERE.parent)} in {time.perf_counter() - start:.0f} s", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
+                         headline=HEADLINE, budget={"max_call_ms": MAX_CALL_MS})
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 2 benchmark and ncu profile, then its tables and plots", measure,
+                       lambda names: profile_target(names, {NAME: lambda: attention_impl(ph)}, HEADLINE))
 
 
 if __name__ == "__main__":

@@ -18,17 +18,12 @@ sweep written to results/quick/metrics.json, not rendered.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-
-import torch
 
 import phase2_naive as ph2
 import phase3_tiled as ph3
-from utils.kernel_bench import (attention_impl, kernel_rows, parse_args, peer_impls, profile,
-                                profile_target, render_committed, results_dir, sweep_with_budget,
-                                torch_kernel_ops)
-from utils.render import render
+from utils.kernel_bench import (attention_impl, kernel_rows, lesson_main, peer_impls, profile,
+                                profile_target, results_dir, sweep_with_budget, torch_kernel_ops)
 
 HERE = Path(__file__).resolve().parent
 NAME = "phase3_tiled"
@@ -66,19 +61,12 @@ def tile_ops(tile: int) -> dict:
     return ops
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv, "Phase 3 benchmark, compiler report and ncu profile, then its tables and plots")
-    if args.profile_target:
-        profile_target(args.profile_target, impl_factories(), HEADLINE)
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-
+def measure(args) -> Path:
+    """The measurements of this lesson, written to its results file (returned)."""
     from utils import compiler_report
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
-    start = time.perf_counter()
     ceilings = get_ceilings()
     # The attention sweep: every tile where causal is off, the default tile everywhere.
     impls = {name: make() for name, make in impl_factories().items()}
@@ -108,12 +96,13 @@ def main(argv=None) -> int:
         compiler = []
     ncu = ({"shape": HEADLINE, "note": "skipped (--no-ncu)", "kernels": []} if args.no_ncu
            else profile(f"{NAME}.run", list(IMPLS.values()), "tiled_|block_softmax", KERNEL_OPS, HEADLINE))
-    metrics = write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
-                            compiler=compiler, headline=HEADLINE, budgets_ms=BUDGETS_MS)
-    print(f"wrote {metrics.relative_to(HERE.parent)} in {time.perf_counter() - start:.0f} s", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
+                         compiler=compiler, headline=HEADLINE, budgets_ms=BUDGETS_MS)
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 3 benchmark, compiler report and ncu profile, then its tables and plots",
+                       measure, lambda names: profile_target(names, impl_factories(), HEADLINE))
 
 
 if __name__ == "__main__":

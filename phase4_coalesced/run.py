@@ -27,9 +27,7 @@ import phase3_tiled as ph3
 import phase4_coalesced as ph4
 from utils import peers
 from utils.attention_bench import benchmark_attention
-from utils.kernel_bench import (attention_impl, kernel_rows, parse_args, peer_impls, render_committed,
-                                results_dir)
-from utils.render import render
+from utils.kernel_bench import (attention_impl, kernel_rows, lesson_main, peer_impls, results_dir)
 
 HERE = Path(__file__).resolve().parent
 NAME = "phase4_coalesced"
@@ -137,18 +135,11 @@ def run_ncu() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv, "Phase 4 benchmark and ncu profile, then its tables and plots")
-    if args.profile_target:
-        profile_target(args.profile_target.split(","))
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-
+def measure(args) -> Path:
+    """The measurements of this lesson, written to its results file (returned)."""
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
-    start = time.perf_counter()
     ceilings = get_ceilings()
     rows = attention_sweep(attention_impls(), args.quick)
     # Each kernel alone at the headline S, both head dims.
@@ -157,12 +148,13 @@ def main(argv=None) -> int:
     for impl, ops in kernel_ops().items():
         rows += kernel_rows(impl, ops, shapes, warmup=5, reps=30, max_seconds=3.0)
     ncu = {"error": "skipped (--no-ncu)"} if args.no_ncu else run_ncu()
-    metrics = write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
-                            headline=HEADLINE)
-    print(f"wrote {metrics.relative_to(HERE.parent)} in {time.perf_counter() - start:.0f} s", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu,
+                         headline=HEADLINE)
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 4 benchmark and ncu profile, then its tables and plots", measure,
+                       lambda names: profile_target(names.split(",")))
 
 
 if __name__ == "__main__":

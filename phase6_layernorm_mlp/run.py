@@ -26,8 +26,7 @@ from utils import reference, roofline
 from utils.bench import sweep, time_cuda
 from utils.ncu import profile_python, summarize
 from utils.peers import no_tf32
-from utils.kernel_bench import parse_args, render_committed, results_dir
-from utils.render import render
+from utils.kernel_bench import lesson_main, results_dir
 from utils.results import write_results
 from utils.testing import randn, rel_error
 
@@ -232,17 +231,8 @@ def measure(quick: bool, no_ncu: bool = False) -> Path:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv, __doc__.split("\n\n")[0])
-    if args.profile_target:
-        profile_target()
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-    metrics = measure(args.quick, args.no_ncu)
-    print(f"wrote {metrics.relative_to(HERE.parent)}", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return lesson_main(argv, HERE, __doc__.split("\n\n")[0], lambda args: measure(args.quick, args.no_ncu),
+                       lambda names: profile_target())
 
 if __name__ == "__main__":
     sys.exit(main())

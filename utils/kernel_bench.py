@@ -9,7 +9,9 @@ An implementation is f(q, k, v, causal) -> out on CUDA float32 tensors.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -208,4 +210,23 @@ def render_committed(folder: Path) -> int:
     print(f"no GPU: nothing measured; {folder.name}'s tables and plots drawn from its committed results",
           flush=True)
     render(folder)
+    return 0
+
+
+def lesson_main(argv, folder: Path, description: str, measure: Callable[[argparse.Namespace], Path],
+                profile_target: Callable[[str], None]) -> int:
+    """Every lesson's `python -m PKG.run`: with --profile-target NAMES, only the calls ncu profiles
+    (profile_target(NAMES)); without a GPU, the committed results rendered; else measure(args)
+    writes the results file and returns its path, which is rendered unless --quick."""
+    args = parse_args(argv, description)
+    if args.profile_target:
+        profile_target(args.profile_target)
+        return 0
+    if not torch.cuda.is_available():
+        return render_committed(folder)
+    start = time.perf_counter()
+    metrics = measure(args)
+    print(f"wrote {metrics} in {time.perf_counter() - start:.0f} s", flush=True)
+    if not args.quick:
+        render(folder)
     return 0

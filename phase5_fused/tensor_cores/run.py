@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from phase5_fused import fp32, tensor_cores
-from utils.kernel_bench import parse_args, render_committed, results_dir
-from utils.render import render
+from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
 B, H = 4, 8
@@ -135,27 +134,20 @@ def run_ncu() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv, "Phase 5 tensor-core attention benchmark, then its tables and plots")
-    if args.profile_target:
-        profile_target()
-        return 0
-    if not torch.cuda.is_available():
-        return render_committed(HERE)
-
+def measure(args) -> Path:
+    """The benchmark and the ncu records, written to the results file (returned)."""
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
-    metrics = results_dir(HERE, args.quick) / "metrics.json"
-    write_results(metrics, rows, ceilings, ncu=ncu)
-    print(f"wrote {metrics.relative_to(HERE)}", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 5 tensor-core attention benchmark, then its tables and plots", measure,
+                       lambda names: profile_target())
 
 if __name__ == "__main__":
     sys.exit(main())
