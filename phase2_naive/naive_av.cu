@@ -26,7 +26,7 @@ __global__ void naive_av_kernel(const float* __restrict__ p, const float* __rest
     for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; i < Sq;
          i += static_cast<int64_t>(gridDim.y) * blockDim.y) {
       const float* p_row = p + (bh * Sq + i) * Sk;
-      // BEGIN SOLUTION: O[i][d] = sum_j P[i][j] * V[j][d] (v_col[j * D] walks column d of V), stored at o[(bh * Sq + i) * D + d]
+      // BEGIN SOLUTION: this thread's one output O[i][d] of head bh: the sum over the keys of P[i][j] times V[j][d], read straight from global memory, written to its place in O (README: The concept)
       // The weighted sum of the value rows, weights from row i of P.
       float acc = 0.0f;
       for (int64_t j = 0; j < Sk; ++j) acc = fmaf(p_row[j], v_col[j * D], acc);

@@ -28,7 +28,7 @@ __global__ void naive_qk_kernel(const float* __restrict__ q, const float* __rest
     for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; i < Sq;
          i += static_cast<int64_t>(gridDim.y) * blockDim.y) {
       const float* q_row = q + (bh * Sq + i) * D;
-      // BEGIN SOLUTION: S[i][j] = scale * (q_i . k_j), the dot product straight from global memory, stored at s[(bh * Sq + i) * Sk + j]
+      // BEGIN SOLUTION: this thread's one score S[i][j] of head bh: the scaled dot product of query row i and key row j, read straight from global memory, written to its place in S (README: The concept)
       // The dot product q_i . k_j, straight from global memory.
       float acc = 0.0f;
       for (int64_t d = 0; d < D; ++d) acc = fmaf(q_row[d], k_row[d], acc);

@@ -26,7 +26,7 @@ __global__ void naive_softmax_kernel(const float* s, float* p, int64_t B, int64_
   const float* s_row = s + row * Sk;
   float* p_row = p + row * Sk;
 
-  // BEGIN SOLUTION: the three passes over row `row`: m = max_j (s + mask_bias), l = sum_j exp(x_j - m), p = exp(x_j - m) / l; a fully masked row (m = -inf) is all zeros
+  // BEGIN SOLUTION: the softmax of this thread's whole row of masked scores (the mask through course::mask_bias), in three passes over the row: its maximum, the sum of the exponentials shifted by it, the normalized row; a row whose keys are all hidden is all zeros, as utils/reference.py defines (README: The concept)
   // Pass 1: the row maximum m of the masked scores.
   float m = -INFINITY;
   for (int64_t j = 0; j < Sk; ++j) m = fmaxf(m, s_row[j] + course::mask_bias(masking, b, h, i, j));

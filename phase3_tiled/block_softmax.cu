@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float* s_row = s + row * Sk;
     float* p_row = p + row * Sk;
 
-    // BEGIN SOLUTION: per-thread online (m_t, l_t) over j = threadIdx.x, += blockDim.x; block_reduce_max / block_reduce_sum (l = sum_t l_t * exp(m_t - m)); write P (zeros for a fully masked row)
+    // BEGIN SOLUTION: the softmax of row `row` by the whole block: the threads stride along the row together (coalesced), each keeps a running max and a running sum of exponentials rescaled when its max grows, the block combines them with the reductions of common.cuh, and a second pass writes the normalized row; a row whose keys are all hidden is all zeros (README: The concept, "The softmax")
     // Pass 1: this thread's running max m_t and rescaled running sum l_t.
     float m_t = -INFINITY, l_t = 0.0f;
     for (int64_t j = threadIdx.x; j < Sk; j += blockDim.x) {

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(T * T)
     const float* v_bh = v + bh * Sk * D;
     for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * T; i0 < Sq;
          i0 += static_cast<int64_t>(gridDim.y) * T) {
-      // BEGIN SOLUTION: walk the keys in chunks of T: stage Ps and Vs with zeros outside, __syncthreads, accumulate sum_c Ps[ty][c] * Vs[c][tx], __syncthreads; then store acc when i < Sq and d < D
+      // BEGIN SOLUTION: this block's T x T tile of O by tiling, as in tiled_qk.cu: walk the keys a tile at a time, staging a tile of P and of V in Ps and Vs (zeros outside the matrices) so that each staged value feeds T multiply-adds, with the barriers that keep it correct; then each thread's output, only inside O (README: The concept)
       float acc = 0.0f;
       for (int64_t j0 = 0; j0 < Sk; j0 += T) {
         // Step 1: stage one T x T tile of P and of V (zeros outside the matrices).

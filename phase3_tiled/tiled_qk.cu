@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(T * T)
     const float* k_bh = k + bh * Sk * D;
     for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * T; i0 < Sq;
          i0 += static_cast<int64_t>(gridDim.y) * T) {
-      // BEGIN SOLUTION: walk D in chunks of T: stage Qs (row-wise) and Kt (K transposed) with zeros outside, __syncthreads, accumulate sum_c Qs[ty][c] * Kt[c][tx], __syncthreads; then store scale * acc when i < Sq and j < Sk
+      // BEGIN SOLUTION: this block's T x T tile of S by tiling: walk the head dimension a tile at a time, the block staging a tile of Q and of K in Qs and Kt (laid out as their comments say, zeros outside the matrices) so that each staged value feeds T multiply-adds; barriers so no thread reads a tile before it is complete or overwrites one still in use; then each thread's scaled score, only inside S (README: The concept)
       float acc = 0.0f;
       for (int64_t d0 = 0; d0 < D; d0 += T) {
         // Step 1: stage one T x T tile of Q (row-wise) and of K (transposed), zeros outside.

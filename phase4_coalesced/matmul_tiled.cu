@@ -40,11 +40,14 @@ struct TileConfig {
   static constexpr int TX = BN / TN;  // threads along n
   static constexpr int TY = BM / TM;  // threads along m
   static constexpr int kThreads = TX * TY;
+  // BEGIN SOLUTION: the padding of the shared tiles' rows, in floats (As and Bs are declared with it): the smallest that sends a warp's transposing stores to 32 distinct banks and keeps every float4 read 16-byte aligned. The stub 0 is correct but slower, so no test fails on this TODO: the ncu table's shared-store bank conflicts show it (README: The concept; Exercises, 1)
+  // STUB: static constexpr int kPad = 0;
   // 4 floats of padding per shared row. The row stride BM + 4 stays a multiple of 4 (float4
   // reads stay aligned) and moves the bank by 4 per row, so the transposing store of a warp
   // (16 consecutive m, at k and k + 4) hits 32 distinct banks; unpadded it would hit 16 banks
   // twice each (a 2-way conflict on every store).
   static constexpr int kPad = 4;
+  // END SOLUTION
   static_assert(BM % TM == 0 && BN % TN == 0, "the block tile must be a whole number of micro-tiles");
   static_assert(TM % 4 == 0 && TN % 4 == 0, "micro-tiles are read from shared memory in float4 groups");
   static_assert(BK % 4 == 0, "a global float4 load covers 4 consecutive k");
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
 
   // Step 1 (global -> registers): fetch the k-tile starting at k0, zeros outside the matrices.
   auto load_tiles = [&](int64_t k0) {
+    // BEGIN SOLUTION: Step 1: the k-tile that starts at k0, from global memory into this thread's staging registers a_stage and b_stage, in the units laid out above: consecutive threads on consecutive units so every warp's load is coalesced, float4 when kVec, zeros outside the matrices (rows past M or N, k past k_end) (README: The concept, global loads)
 #pragma unroll
     for (int l = 0; l < kALoads; ++l) {
       const int u = tid + l * kThreads;
@@ -135,10 +139,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
         b_stage[l][0] = ok ? *src : 0.0f;
       }
     }
+    // END SOLUTION
   };
 
   // Step 2 (registers -> shared): A transposed to As[k][m]; B to Bs[k][n] (transposed for K).
   auto store_tiles = [&](int buf) {
+    // BEGIN SOLUTION: Step 2: the staged registers into shared buffer buf, A transposed to As[k][m] and op(B) to Bs[k][n] (K transposed on the way, V as it comes), the layouts the inner loop reads as float4 (README: The concept, K in shared memory)
 #pragma unroll
     for (int l = 0; l < kALoads; ++l) {
       const int u = tid + l * kThreads;
@@ -164,6 +170,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
         }
       }
     }
+    // END SOLUTION
   };
 
   // The thread's micro-tile: rows g * 4 * TY + ty * 4 + i, columns h * 4 * TX + tx * 4 + j.
@@ -174,15 +181,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
     for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
   const int64_t num_k_tiles = course::ceil_div<int64_t>(k_end, BK);
+  // BEGIN SOLUTION: double buffering, before the loop: the first k-tile in shared buffer 0, visible to the whole block (README: The concept, latency hiding)
   load_tiles(0);
   store_tiles(0);
   __syncthreads();
+  // END SOLUTION
   for (int64_t t = 0; t < num_k_tiles; ++t) {
+    // BEGIN SOLUTION: Step 3 (double buffering): name the shared buffer that holds this k-tile (the two alternate), and issue the global loads of the next k-tile, if there is one, now: their latency then hides behind Step 4's FMAs (README: The concept, latency hiding)
     const int buf = static_cast<int>(t & 1);
     const bool has_next = t + 1 < num_k_tiles;
     // Step 3: start fetching the next k-tile; its latency hides behind step 4's FMAs.
     if (has_next) load_tiles((t + 1) * BK);
-    // BEGIN SOLUTION: Step 4: for each kk < BK, load this thread's TM values of As[buf][kk][.] and TN values of Bs[buf][kk][.] (float4 groups at g * 4 * TY + ty * 4 and h * 4 * TX + tx * 4) and add their outer product to acc
+    // END SOLUTION
+    // BEGIN SOLUTION: Step 4: for every k of the shared tile, this thread's TM values of A and TN values of B from the current buffer, read as float4 groups at the rows and columns of its micro-tile (acc's comment), and their outer product added to acc: TM * TN FMAs per TM + TN values read (README: The concept)
     // Step 4: rank-1 updates of the register micro-tile, one per k of the shared tile.
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
@@ -203,13 +214,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2)
         for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
     // END SOLUTION
+    // BEGIN SOLUTION: Step 5 (double buffering): the fetched registers into the other shared buffer, then one barrier per k-tile that both publishes them and guarantees no thread still reads the buffer the next iteration overwrites (README: The concept, latency hiding)
     // Step 5: park the fetched tile in the other buffer; the barrier publishes it and also
     // guarantees nobody still reads the buffer the next iteration overwrites.
     if (has_next) store_tiles(buf ^ 1);
     __syncthreads();
+    // END SOLUTION
   }
 
-  // BEGIN SOLUTION: Step 6: store alpha * acc (float4 stores when kVec; row g * 4 * TY + ty * 4 + i, column h * 4 * TX + tx * 4 + j), skipping rows >= M and columns >= N
+  // BEGIN SOLUTION: Step 6: alpha times the micro-tile into C, at the rows and columns of acc's comment: a float4 per group of 4 columns when kVec, else one float at a time, nothing past row M or column N (README: The concept, stores of S and O)
   // Step 6: scale and write the micro-tile, float4 per row group, skipping the matrix's tails.
 #pragma unroll
   for (int g = 0; g < TM / 4; ++g) {

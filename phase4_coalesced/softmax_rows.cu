@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads == course::kWarpSize ? kThreads * kRo
   const float* s = S + row * Sk;
   float* p = P + row * Sk;
 
-  // BEGIN SOLUTION: read the row once into x[kSlots][W] (lane-consecutive, float4 when kVec, mask_bias added, causal-hidden entries not read), row_max, x = exp(x - m), row_sum, then write P = x / l once (zeros for a fully hidden row)
+  // BEGIN SOLUTION: this row's softmax with the row read from global memory once, into this thread's registers: lane-consecutive accesses (float4 when kVec) so every warp request is coalesced, the mask bias added, entries the causal mask hides not read; the row's max and sum through row_max and row_sum; P written once, with the same access pattern; a row whose keys are all hidden is all zeros (README: The concept, softmax)
   // Step 1: read the row once, coalesced (access t of lane l covers entries (l + t*kThreads)*W..),
   // add the mask bias (-inf where hidden, hidden entries not read) and keep the running max m.
   float x[kSlots][W];
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     return bias == -CUDART_INF_F ? -CUDART_INF_F : s[j] + bias;
   };
 
-  // BEGIN SOLUTION: rows too long for registers: per-thread online max and sum over value(j), block_reduce_max / block_reduce_sum, then a second pass that writes P (zeros for a fully hidden row)
+  // BEGIN SOLUTION: a row too long for registers: the block strides along it, each thread keeping a running max and a running sum of exponentials rescaled when its max grows (value(j) has the mask), the block combines them, and a second pass writes P; a row whose keys are all hidden is all zeros (README: The concept, softmax)
   // Pass 1: online max m and sum l of exp(x - m) over this thread's entries.
   float m = -CUDART_INF_F, l = 0.0f;
   for (int64_t j = threadIdx.x; j < Sk; j += kStreamThreads) {

@@ -108,7 +108,9 @@ layer_norm_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual
   const int64_t base = row * hidden;
   const int64_t chunks = hidden / VEC;
 
-  // BEGIN SOLUTION: Steps 1-4 for this row: shift K = (x[0], r[0]); d = s - K into registers with load_shifted (it writes sum), mean_d with team_sum; variance of d from the registers, rstd = rsqrtf(var + eps); normalize_store every chunk
+  // BEGIN SOLUTION: Steps 1-3, this row's statistics with the row read once: its shift K, the shifted row d = s - K held in registers (load_shifted reads a chunk and writes the sum), the mean of d, then the variance of d from the registers, each summed over the row's team (team_sum), and rstd from the variance and eps. The placeholders below only keep the kernel compiling: replace them (README: LayerNorm, two-pass vs Welford)
+  // STUB: float d[NV][VEC] = {};
+  // STUB: const float mean_d = 0.0f, rstd = 0.0f;
   // Step 1: the shift K = (x[0], r[0]) of the row, the same values in every thread of the row.
   const float Kx = to_float(x[base]);
   const float Kr = residual != nullptr ? to_float(residual[base]) : 0.0f;
@@ -141,6 +143,7 @@ layer_norm_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual
     }
   }
   const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, scratch) / static_cast<float>(hidden) + eps);
+  // END SOLUTION
 
   // Step 4: y = (d - mean_d) * rstd * gamma + beta  (s - mu = d - mean_d exactly as computed).
 #pragma unroll
@@ -148,7 +151,6 @@ layer_norm_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual
     const int64_t c = rank + static_cast<int64_t>(i) * team;
     if (c < chunks) normalize_store<T, VEC>(d[i], mean_d, rstd, gamma, beta, y, base + c * VEC, c * VEC);
   }
-  // END SOLUTION
 }
 
 // Version 3: rows too long for registers. The same three steps, each streaming over the row.
@@ -160,7 +162,8 @@ layer_norm_streaming_kernel(const T* __restrict__ x, const T* __restrict__ resid
   __shared__ float scratch[course::kWarpSize];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * hidden;
   const int64_t chunks = hidden / VEC;
-  // BEGIN SOLUTION: the streaming version: shift K = (x[0], r[0]); pass 1 mean of d = s - K (load_shifted writes sum), pass 2 variance re-reading x and r, pass 3 normalize_store; block_reduce_sum after passes 1 and 2
+  // BEGIN SOLUTION: the same statistics for a row too long for registers: the shift K, the mean of d = s - K in a first pass over the row (it writes the sum), the variance of d in a second pass that reads x and r again, each a block reduction, and rstd; pass 3 below normalizes. Replace the placeholders below (README: LayerNorm)
+  // STUB: const float Kx = 0.0f, Kr = 0.0f, mean_d = 0.0f, rstd = 0.0f;
   const float Kx = to_float(x[base]);
   const float Kr = residual != nullptr ? to_float(residual[base]) : 0.0f;
 
@@ -186,6 +189,7 @@ layer_norm_streaming_kernel(const T* __restrict__ x, const T* __restrict__ resid
     }
   }
   const float rstd = rsqrtf(course::block_reduce_sum(local, scratch) / static_cast<float>(hidden) + eps);
+  // END SOLUTION
 
   // Pass 3: normalize, scale, shift.
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -193,7 +197,6 @@ layer_norm_streaming_kernel(const T* __restrict__ x, const T* __restrict__ resid
     load_shifted<T, VEC>(x, residual, nullptr, base + c * VEC, Kx, Kr, d);
     normalize_store<T, VEC>(d, mean_d, rstd, gamma, beta, y, base + c * VEC, c * VEC);
   }
-  // END SOLUTION
 }
 
 template <typename T, int VEC, int NV>

@@ -56,6 +56,7 @@ struct QuadSwizzle {
 template <bool kVec, int THREADS, int LOADS>
 __device__ __forceinline__ void load_tile(const float* __restrict__ block, int rows, int64_t K, int64_t k0,
                                           float (&regs)[LOADS][4]) {
+  // BEGIN SOLUTION: Port of Step 1 of phase 4's matmul_tiled.cu, once phase 4's tests pass: this thread's LOADS k-quads of the tile into regs, consecutive threads on consecutive k-quads of a row (coalesced), a float4 each when kVec, else bounds-checked floats, zeros for rows past `rows` and k past K (README: Linear, version 1)
 #pragma unroll
   for (int l = 0; l < LOADS; ++l) {
     const int idx = threadIdx.x + l * THREADS;
@@ -72,11 +73,13 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ block, int r
       for (int j = 0; j < 4; ++j) regs[l][j] = (row < rows && k + j < K) ? p[j] : 0.0f;
     }
   }
+  // END SOLUTION
 }
 
 // Registers -> shared memory, transposed to [k][row] with the swizzle.
 template <int THREADS, int LOADS, int ROWS>
 __device__ __forceinline__ void store_tile(const float (&regs)[LOADS][4], float (*tile)[ROWS]) {
+  // BEGIN SOLUTION: Port of Step 2 of phase 4's matmul_tiled.cu, once phase 4's tests pass: regs (in the layout load_tile fills) into the tile transposed to [k][row], each row's column through QuadSwizzle::col instead of padding (README: Linear, version 1)
 #pragma unroll
   for (int l = 0; l < LOADS; ++l) {
     const int idx = threadIdx.x + l * THREADS;
@@ -85,6 +88,7 @@ __device__ __forceinline__ void store_tile(const float (&regs)[LOADS][4], float 
 #pragma unroll
     for (int j = 0; j < 4; ++j) tile[k + j][QuadSwizzle::col(row, k + j)] = regs[l][j];
   }
+  // END SOLUTION
 }
 
 template <class Cfg, Activation ACT, bool kVec>
@@ -113,6 +117,7 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   const int a_rows = static_cast<int>(min(M - m0, static_cast<int64_t>(BM)));
   const int w_rows = static_cast<int>(min(N - n0, static_cast<int64_t>(BN)));
 
+  // BEGIN SOLUTION: Port of the double buffering of phase 4's matmul_tiled.cu (before its loop, Steps 3 and 5), once phase 4's tests pass, with the two stages As[2], Ws[2]: tile 0 into stage 0, then per k-tile the next tile's loads in flight while multiply_tile works on this stage, stored into the other stage afterwards, one barrier per tile (README: Linear, version 1)
   // Prologue: tile 0 into stage 0.
   if (tiles > 0) {
     load_tile<kVec, kThreads>(A_block, a_rows, K, 0, a_regs);
@@ -140,6 +145,7 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
     }
     __syncthreads();
   }
+  // END SOLUTION
 
   // Step 4: bias, activation, residual, store.
   store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);

@@ -44,6 +44,7 @@ struct TileConfig {
 template <class Cfg, class Swizzle>
 __device__ __forceinline__ void multiply_tile(const float* __restrict__ As, const float* __restrict__ Ws,
                                               int tx, int ty, float (&acc)[Cfg::TM][Cfg::TN]) {
+  // BEGIN SOLUTION: Port of Step 4 of phase 4's matmul_tiled.cu, once phase 4's tests pass, over one k-slice of BK: for every k, this thread's TM values of A and TN of W read as float4 at its quadrants' columns through Swizzle::col, and their outer product added to acc (README: Linear, version 1)
 #pragma unroll
   for (int k = 0; k < Cfg::BK; ++k) {
     float a[Cfg::TM], w[Cfg::TN];
@@ -62,6 +63,7 @@ __device__ __forceinline__ void multiply_tile(const float* __restrict__ As, cons
 #pragma unroll
       for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = fmaf(a[i], w[j], acc[i][j]);
   }
+  // END SOLUTION
 }
 
 // Epilogue: bias, activation, residual, store. Row i of the micro-tile is
@@ -71,6 +73,7 @@ template <class Cfg, Activation ACT, bool kVec>
 __device__ __forceinline__ void store_output(const float (&acc)[Cfg::TM][Cfg::TN], const float* __restrict__ bias,
                                              const float* __restrict__ residual, float* __restrict__ C,
                                              int64_t M, int64_t N, int64_t m0, int64_t n0, int tx, int ty) {
+  // BEGIN SOLUTION: Port of Step 6 of phase 4's matmul_tiled.cu with the epilogue fused in, once phase 4's tests pass: every element of the micro-tile inside C gets bias[n], activate<ACT> and the residual, and is stored; a float4 per quadrant when kVec, else one float at a time (README: Linear, version 1)
 #pragma unroll
   for (int i = 0; i < Cfg::TM; ++i) {
     const int64_t m = m0 + ((i / 4) * Cfg::kRowStep + ty * 4 + i % 4);
@@ -104,6 +107,7 @@ __device__ __forceinline__ void store_output(const float (&acc)[Cfg::TM][Cfg::TN
       }
     }
   }
+  // END SOLUTION
 }
 
 // One block per BM x BN tile of C.

@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
       }
     }
 
+    // BEGIN SOLUTION: Port of fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 5 here, once the teaching kernel's tests pass: for this thread's TM rows, with the scores in log2 units (exp2f), a row's max shared by the kTX threads of the row (shuffles), and l kept as a per-thread partial sum (item 5 above) (README: The fast kernel)
     // Step 5: online softmax per row. m_new = max(m, rowmax(S_ij)); P = exp2(S_ij - m_new);
     // the old O and l are rescaled by alpha = exp2(m - m_new).
 #pragma unroll
@@ -279,6 +280,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
       for (int c = 0; c < OC * VW; ++c) o[i][c] *= alpha;
       m[i] = m_new;
     }
+    // END SOLUTION
 
     // Step 6: P_ij to shared memory (every thread needs whole rows of P for P V).
 #pragma unroll
@@ -318,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
   }
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
+  // BEGIN SOLUTION: Port of fused_teaching.cu's Line 15 TODO as Step 9 here, once the teaching kernel's tests pass: for this thread's TM rows, the kTX partial sums of a row added first, then O / l stored VW floats at a time, and the logsumexp (one thread per row) brought back from log2 units (README: The fast kernel)
   // Step 9: O_i = O_i / l_i (zeros for fully masked rows), logsumexp = (m + log2 l) * ln 2.
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
@@ -337,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
     if (p.lse != nullptr && tx == 0)
       p.lse[bh * p.Sq + row] = l_total > 0.0f ? (m[i] + log2f(l_total)) * kLn2 : -CUDART_INF_F;
   }
+  // END SOLUTION
 }
 
 template <int D, int BR, int BC, int MIN_BLOCKS>

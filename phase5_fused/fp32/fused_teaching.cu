@@ -92,7 +92,6 @@ __global__ void __launch_bounds__(kBr) fused_teaching_kernel(FusedParams p) {
     __syncthreads();  // K_j, V_j (and Q_i on the first tile) are visible to every thread
 
     if (row_valid) {
-      // BEGIN SOLUTION: Lines 9-13 of Algorithm 1 for row i: s_row[c] = scale * Q_i . K_j[c] + mask_bias (-inf past kv_limit), m_new = max(m, rowmax), P~ = exp(S - m_new) (reference 0 while m_new = -inf), l and o rescaled by exp(m - m_new), o += P~ V_j, m = m_new
       // Line 9: S_ij = scale * Q_i K_j^T, plus the mask (-inf hides a key). This thread's row of
       // S_ij lives in shared memory (Bc floats), later overwritten by P~_ij.
       float* s_row = Sij + tid * kSPitch;
@@ -112,6 +111,7 @@ __global__ void __launch_bounds__(kBr) fused_teaching_kernel(FusedParams p) {
         m_tilde = fmaxf(m_tilde, score);
       }
 
+      // BEGIN SOLUTION: Lines 10-13 of Algorithm 1 for this thread's row, the online softmax: the new running max from m and this tile's m_tilde; P~, the exponentials of s_row taken against it (in place in s_row); l and o, which were summed under the old max, brought to the new one before this tile's row sum and P~ V_j are added; m updated. A row with no visible key yet must give zeros, never NaN (README: The teaching kernel)
       // Line 11: m_new = max(m_i, m~_ij). While every key so far is hidden, m_new is -inf: use 0
       // as the reference instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
       const float m_new = fmaxf(m, m_tilde);
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kBr) fused_teaching_kernel(FusedParams p) {
   // Line 15: O_i = O_i / l_i (a row with every key hidden has l_i = 0: its output is zeros), and
   // the logsumexp L_i = m_i + log(l_i) (-inf for such a row).
   if (!row_valid) return;
-  // BEGIN SOLUTION: Line 15: write o / l to p.o (zeros when l = 0) and, if p.lse is set, the logsumexp m + log(l) (-inf when l = 0)
+  // BEGIN SOLUTION: Line 15 for this thread's row: the normalized output O_i / l_i into p.o and, when p.lse is set, the row's logsumexp, with the values the comment above gives a row whose keys were all hidden (README: The teaching kernel)
   const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
   float* o_row = p.o + (bh * p.Sq + i) * D;
 #pragma unroll

@@ -302,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
 
+    // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13), once the teaching kernel's tests pass, on this thread's fragments: it holds two rows of every m16 tile (rows lane/4 and lane/4 + 8), whose columns are spread over the 4 lanes with the same lane/4 (a row's max needs all four); the scores are in log2 units (tc::exp2_approx) and l stays the lane's partial sum (README: Why the softmax stays in FP32)
     // Online softmax in FP32: m_new = max(m, rowmax(S)), P = 2^(S - m_new),
     // l = 2^(m - m_new) l + rowsum(P), O = 2^(m - m_new) O. A row with no visible key so far keeps
     // m = -inf; it subtracts 0 instead, so P = 0 and the rescale factor is 0, never NaN.
@@ -337,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         }
       }
     }
+    // END SOLUTION
 
     // O += P V_j on tensor cores, k = keys in steps of 16. P is rounded to T in registers: the C
     // fragments of S tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15. B = V
@@ -369,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   // this warp's own rows of sQ (only this warp ever read them) and stored as coalesced 16-byte rows.
   course::cp_async_wait<0>();
   __syncthreads();  // with n_blocks = 0, other threads' Q copies may still be landing in sQ
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO, once the teaching kernel's tests pass, for this thread's two rows of each m16 tile: the 4 lanes' partial sums of a row added, then O / l (zeros when l = 0) rounded to T into this warp's own rows of sQ, swizzled as the copy below reads them (tc::swizzle) (README: Design)
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
@@ -385,6 +388,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
   }
+  // END SOLUTION
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < kWarpRows * kChunks / course::kWarpSize; ++n) {
