@@ -1,7 +1,8 @@
 """The student starter kit: a copy of the course with every solution region turned into a TODO.
 
 `python -m utils.student --out DIR` copies the course's files (git's tracked and untracked-but-not-
-ignored files, results/ included) into DIR and replaces each region marked in the solutions
+ignored files, results/ included, utils/answers/ left out) into DIR and replaces each region marked
+in the solutions
 
     // BEGIN SOLUTION: what the student writes here         (CUDA / C++: .cu .cuh .h .cpp ...)
     ...solution code...
@@ -18,10 +19,16 @@ by a TODO that still compiles and imports:
 Inside a region, a comment line `// STUB: <code>` (Python: `# STUB: <code>`) becomes `<code>` in
 the kit: the minimal code the rest of the file needs to compile (a declaration, a return value).
 
-The kit also gets TODO.md (every TODO with its file and line, by lesson) and a conftest.py that
-appends the TODOs still present in a lesson to the message of each of that lesson's failing tests,
-so a failure points at the code to write. Lessons are the folders whose manifest.json gives an
-`order` (utils/MANIFEST.md). The generator itself (this file, utils/test_student.py) is left out.
+A region may hold the answer to an earlier TODO in another form (a later kernel that reuses the
+step): it is marked too, so that no file of the kit holds an answer (utils/test_student.py checks
+that no solution code is left anywhere in the kit), and its text starts with "Port of " and names
+the earlier TODO: TODO.md lists such ports after their lesson's own TODOs.
+
+The kit also gets its own README.md (utils/student_readme.md, in place of the course's), TODO.md
+(every TODO with its file and line, by lesson) and a conftest.py that appends the TODOs still
+present in a lesson to the message of each of that lesson's failing tests, so a failure points at
+the code to write. Lessons are the folders whose manifest.json gives an `order` (utils/MANIFEST.md).
+Left out: the generator (this file, its test, the README template) and the instructors' answer keys.
 """
 
 from __future__ import annotations
@@ -38,9 +45,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 C_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c")
 PY_SUFFIXES = (".py",)
-# The generator and its test stay out of the kit (a kit has no solutions to strip).
-EXCLUDED = ("utils/student.py", "utils/test_student.py")
+KIT_README = "utils/student_readme.md"  # becomes the kit's README.md
+# The generator, its test and its README template stay out of the kit (a kit has no solutions to
+# strip), and so do the instructors' answer keys.
+EXCLUDED = ("utils/student.py", "utils/test_student.py", KIT_README)
+EXCLUDED_FOLDERS = ("utils/answers/",)
 TODO_TAG = "TODO(student)"
+PORT_PREFIX = "Port of "  # a TODO that repeats an earlier one in a later kernel
 DEFAULT_TODO = "write this part (see the phase README)"
 
 
@@ -133,7 +144,7 @@ def course_files(root: Path = REPO_ROOT) -> list[str]:
         skip = {".git", ".venv", "build", "__pycache__", ".pytest_cache", "gpu_results"}
         files = [str(p.relative_to(root)) for p in root.rglob("*")
                  if p.is_file() and not skip & set(p.relative_to(root).parts)]
-    return sorted(set(files) - set(EXCLUDED))
+    return sorted(f for f in set(files) - set(EXCLUDED) if not f.startswith(EXCLUDED_FOLDERS))
 
 
 def generate(out: str | Path, root: Path = REPO_ROOT) -> list[Todo]:
@@ -144,7 +155,7 @@ def generate(out: str | Path, root: Path = REPO_ROOT) -> list[Todo]:
         raise StudentKitError(f"--out {out} would overwrite the course itself: pick another folder")
     if out.exists() and any(out.iterdir()):
         raise StudentKitError(f"--out {out} is not empty: pick a new folder or remove it first")
-    files = course_files(root)
+    files = [f for f in course_files(root) if f != "README.md"]  # the kit has its own README
     todos: list[Todo] = []
     for rel in files:
         src, dst = root / rel, out / rel
@@ -161,6 +172,7 @@ def generate(out: str | Path, root: Path = REPO_ROOT) -> list[Todo]:
     if (out / "conftest.py").exists():
         raise StudentKitError("the course has a root conftest.py: merge the kit's TODO hook into it")
     (out / "conftest.py").write_text(KIT_CONFTEST)
+    shutil.copyfile(root / KIT_README, out / "README.md")
     (out / "TODO.md").write_text(todo_markdown(todos))
     return todos
 
@@ -181,17 +193,20 @@ def lesson_of(path: str, folders: dict[str, str]) -> str:
 def todo_markdown(todos: list[Todo]) -> str:
     lines = ["# Student starter kit: what to write", "",
              "Each item is a `TODO(student)` in the code: the solution's code was removed there, so the",
-             "lesson's tests fail until you write it. Build with `make build` (or the lesson's `load()`),",
-             "test with `python -m pytest LESSON_DIR` on a GPU. Delete a TODO line once you have written",
-             "its part: the failing tests list the TODOs still left in their lesson.", ""]
+             "lesson's tests fail on a GPU until you write it (README.md says what runs without one).",
+             "Build with `make build`, test with `python -m pytest LESSON_DIR`. Delete a TODO line once",
+             "you have written its part: the failing tests list the TODOs still left in their lesson.",
+             "A lesson's ports come last: each repeats an earlier TODO in a later kernel.", ""]
     folders = lesson_folders()
-    current = None
+    by_lesson: dict[str, list[Todo]] = {}
     for t in todos:
-        lesson = lesson_of(t.path, folders)
-        if lesson != current:
-            lines += ["", f"## {lesson}", ""]
-            current = lesson
-        lines.append(f"- [ ] `{t.path}:{t.line}` {t.text}")
+        by_lesson.setdefault(lesson_of(t.path, folders), []).append(t)
+    for lesson, items in by_lesson.items():
+        own = [t for t in items if not t.text.startswith(PORT_PREFIX)]
+        ports = [t for t in items if t.text.startswith(PORT_PREFIX)]
+        lines += ["", f"## {lesson}", ""] + [f"- [ ] `{t.path}:{t.line}` {t.text}" for t in own]
+        if ports:
+            lines += ["", "Ports:", ""] + [f"- [ ] `{t.path}:{t.line}` {t.text}" for t in ports]
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
 
 

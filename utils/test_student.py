@@ -1,16 +1,20 @@
-"""The student starter kit generates, strips every solution region, imports and compiles (no GPU)."""
+"""The student starter kit generates, strips every solution region, leaves no answer anywhere in
+the kit, imports and compiles (no GPU)."""
 
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from utils.build import extension_packages
-from utils.student import (REPO_ROOT, TODO_TAG, StudentKitError, comment_style, course_files,
-                           extension_packages_touched, find_regions, generate, transform)
-from utils.testing import requires_toolkit
+from utils.manifest import lessons, load_manifest
+from utils.student import (KIT_README, PORT_PREFIX, REPO_ROOT, TODO_TAG, StudentKitError, comment_style,
+                           course_files, extension_packages_touched, find_regions, generate, transform)
+from utils.testing import requires_gpu, requires_toolkit
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +35,57 @@ def marked_files() -> dict[str, list]:
     return found
 
 
-def test_the_solutions_mark_the_kernels_students_write():
+def region_code(rel: str) -> str:
+    """The lines inside the solution regions of one course file."""
+    lines = (REPO_ROOT / rel).read_text().split("\n")
+    return "\n".join(line for a, b, _ in find_regions("\n".join(lines), rel) for line in lines[a + 1:b])
+
+
+# Each phase's idea, by a line of the code that embodies it: that line must be a student's TODO.
+# The second group are later kernels that repeat an earlier TODO's step (ports).
+PHASE_IDEAS = {
+    "phase2_naive/naive_qk.cu": ["fmaf(q_row[d], k_row[d], acc)"],
+    "phase2_naive/naive_softmax.cu": ["l += expf("],
+    "phase2_naive/naive_av.cu": ["fmaf(p_row[j], v_col[j * D], acc)"],
+    "phase3_tiled/tiled_qk.cu": ["Kt[ty][tx] =", "__syncthreads()", "fmaf(Qs[ty][c], Kt[c][tx], acc)"],
+    "phase3_tiled/tiled_av.cu": ["Vs[ty][tx] =", "fmaf(Ps[ty][c], Vs[c][tx], acc)"],
+    "phase3_tiled/block_softmax.cu": ["l_t = l_t * expf(m_t - x) + 1.0f", "course::block_reduce_max"],
+    "phase4_coalesced/matmul_tiled.cu": [
+        "kPad = 4",                                        # padding against bank conflicts
+        "*reinterpret_cast<const float4*>(src)",           # coalesced float4 loads
+        "As[buf][kk + e][row] = a_stage[l][e]",            # transposed staging
+        "load_tiles((t + 1) * BK)", "store_tiles(buf ^ 1)",  # double buffering
+        "acc[i][j] = fmaf(a[i], b[j], acc[i][j])",         # register micro-tile
+        "*reinterpret_cast<float4*>(c_row + col)"],        # float4 stores
+    "phase4_coalesced/softmax_rows.cu": ["*reinterpret_cast<const float4*>(s + j0)", "row_sum<kThreads>"],
+    "phase5_fused/fp32/fused_teaching.cu": ["const float alpha = expf(m - m_ref)", "o[d] *= alpha", "m + logf(l)"],
+    "phase6_layernorm_mlp/layer_norm.cu": ["d[e] = ", "local += t * t", "team_sum<kWarpPerRow>(local, scratch)",
+                                           "course::block_reduce_sum(local, scratch)"],
+    "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
+    "phase5_fused/tensor_cores/tc_attention.cu": ["tc::exp2_approx(m[mt][r] - m_use)", "__frcp_rn(total)"],
+    "phase6_layernorm_mlp/linear_tile.cuh": ["acc[i][j] = fmaf(a[i], w[j], acc[i][j])", "activate<ACT>(out)"],
+    "phase6_layernorm_mlp/linear.cu": ["*reinterpret_cast<const float4*>(p)", "QuadSwizzle::col(row, k + j)",
+                                       "store_tile<kThreads>(a_regs, As[1 - stage])"],
+}
+PORTS = ("phase5_fused/fp32/fused_fast.cu", "phase5_fused/tensor_cores/tc_attention.cu",
+         "phase6_layernorm_mlp/linear_tile.cuh", "phase6_layernorm_mlp/linear.cu")
+
+
+def test_the_solutions_mark_each_phases_idea():
     marked = marked_files()
-    for phase in ("phase2_naive", "phase3_tiled", "phase4_coalesced", "phase5_fused",
-                  "phase6_layernorm_mlp"):
-        assert any(p.startswith(phase + "/") for p in marked), f"{phase}: no BEGIN SOLUTION region"
-    assert "phase5_fused/fp32/fused_teaching.cu" in marked
-    assert "phase6_layernorm_mlp/layer_norm.cu" in marked
+    for rel, fragments in PHASE_IDEAS.items():
+        inside = region_code(rel)
+        for fragment in fragments:
+            assert fragment in inside, f"{rel}: `{fragment}` is not inside a solution region"
+    for rel, regions in marked.items():
+        ports = [todo.startswith(PORT_PREFIX) for _, _, todo in regions]
+        assert all(ports) if rel in PORTS else not any(ports), f"{rel}: ports are the later kernels' TODOs"
+
+
+def test_launchers_and_ops_stay_given():
+    for rel in marked_files():
+        assert not rel.endswith("ops.cpp"), rel
+        assert "<<<" not in region_code(rel), f"{rel}: a kernel launch inside a solution region"
 
 
 def test_every_marked_region_becomes_a_todo(kit):
@@ -65,12 +113,103 @@ def test_every_marked_region_becomes_a_todo(kit):
 
 def test_unmarked_files_are_copied_unchanged(kit):
     out, todos = kit
-    changed = {t.path for t in todos}
+    changed = {t.path for t in todos} | {"README.md"}
     for rel in course_files(REPO_ROOT):
         if rel not in changed:
             assert (out / rel).read_bytes() == (REPO_ROOT / rel).read_bytes(), rel
     assert not (out / "utils" / "student.py").exists()
     assert (out / "TODO.md").exists() and (out / "conftest.py").exists()
+
+
+def test_answer_keys_and_the_generator_stay_out(kit):
+    out, _ = kit
+    assert list((REPO_ROOT / "utils" / "answers").glob("*.md")), "the course's answer keys moved"
+    assert not (out / "utils" / "answers").exists()
+    for rel in ("utils/student.py", "utils/test_student.py", KIT_README):
+        assert not (out / rel).exists(), rel
+    assert (out / "phase4_coalesced" / "results" / "metrics.json").exists()  # results stay, to compare with
+
+
+def test_kit_has_its_own_readme_naming_every_file_with_a_todo(kit):
+    out, todos = kit
+    readme = (out / "README.md").read_text()
+    assert readme == (REPO_ROOT / KIT_README).read_text() != (REPO_ROOT / "README.md").read_text()
+    for phrase in ("TODO.md", "HANDOUT.md", "Without a GPU", "skipped"):
+        assert phrase in readme, phrase
+    for path in sorted({t.path for t in todos}):
+        assert Path(path).name in readme, f"the kit's README does not name {path}"
+    for path in PORTS:
+        assert path in readme, f"the kit's README does not say which tests fail until {path} is ported"
+    # The course's headline tables have their markers, so `python -m utils.render` works in the kit,
+    # and the kit ships without the reference solution's numbers in them.
+    for table in load_manifest(REPO_ROOT)["tables"]:
+        marker = f"<!-- table:{table['name']} -->\n"
+        assert marker in readme, marker
+        assert not readme.split(marker, 1)[1].startswith("|"), f"{table['name']}: numbers in the kit's README"
+
+
+def test_todo_list_puts_each_lessons_ports_last(kit):
+    out, todos = kit
+    listed = [line for line in (out / "TODO.md").read_text().splitlines() if line.startswith("- [ ]")]
+    assert len(listed) == len(todos)
+    fast = [n for n, line in enumerate(listed) if "fused_fast.cu" in line]
+    teaching = [n for n, line in enumerate(listed) if "fused_teaching.cu" in line]
+    assert fast and teaching and max(teaching) < min(fast)
+
+
+# --- No answer anywhere in the kit ---------------------------------------------------------------
+# A solution region's code is normalized (whitespace collapsed; comments, short lines and lines of
+# braces dropped); any LEAK_RUN consecutive such lines found in a kit file, normalized the same way,
+# are a leak: the kit holds the answer to a TODO.
+MIN_CODE_CHARS = 20
+LEAK_RUN = 3
+
+
+def code_lines(text: str, path: str) -> list[str]:
+    comment = "#" if comment_style(path) == "#" else "//"
+    kept = []
+    for line in text.split("\n"):
+        code = " ".join(line.split(comment, 1)[0].split())
+        if len(code) >= MIN_CODE_CHARS and set(code) - set("{}();, "):
+            kept.append(code)
+    return kept
+
+
+def runs(lines: list[str]) -> set[tuple]:
+    return {tuple(lines[n:n + LEAK_RUN]) for n in range(len(lines) - LEAK_RUN + 1)}
+
+
+def leaks(solution_runs: dict[tuple, str], root: Path) -> list[str]:
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if b"\0" in data:  # images and other binaries
+            continue
+        rel = path.relative_to(root).as_posix()
+        for run in runs(code_lines(data.decode(errors="ignore"), rel)) & solution_runs.keys():
+            found.append(f"{rel} holds the code of {solution_runs[run]}: {run[0]}")
+    return found
+
+
+def test_leak_check_sees_code_through_layout_and_comments(tmp_path):
+    solution = "  a_long_name = first_value + 1;\n  b_long_name = second_value * 2;\n  c_long_name = a_long_name + b;\n"
+    (tmp_path / "same.cu").write_text("a_long_name =   first_value + 1;  // one\n// two\nb_long_name = second_value * 2;\n"
+                                      "}\nc_long_name = a_long_name + b;\n")
+    (tmp_path / "two_lines.cu").write_text("a_long_name = first_value + 1;\nb_long_name = second_value * 2;\n")
+    found = leaks({run: "k.cu:1" for run in runs(code_lines(solution, "k.cu"))}, tmp_path)
+    assert len(found) == 1 and found[0].startswith("same.cu holds the code of k.cu:1")
+
+
+def test_no_solution_code_anywhere_in_the_kit(kit):
+    out, _ = kit
+    solution_runs = {}
+    for rel, regions in marked_files().items():
+        lines = (REPO_ROOT / rel).read_text().split("\n")
+        for a, b, _ in regions:
+            for run in runs(code_lines("\n".join(lines[a + 1:b]), rel)):
+                solution_runs[run] = f"{rel}:{a + 1}"
+    assert len(solution_runs) > 100, "too few solution lines to check"
+    assert not leaks(solution_runs, out), "\n".join(leaks(solution_runs, out))
 
 
 def test_python_regions_raise_not_implemented(tmp_path):
@@ -154,3 +293,31 @@ def test_kit_extensions_compile(kit):
     proc = subprocess.run([sys.executable, "-m", "utils.build", *packages], cwd=out,
                           capture_output=True, text=True)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-8000:]}"
+
+
+def lesson_test_paths() -> list[str]:
+    return [path for manifest in lessons() for path in manifest.get("tests", [])]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the kit's tests run there (and fail)")
+def test_kit_lessons_report_no_failure_without_a_gpu(kit):
+    """What the kit's README says: on a CPU-only machine an unfinished kit's tests skip, none fails."""
+    out, _ = kit
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not compile",
+                           *lesson_test_paths()], cwd=out, capture_output=True, text=True)
+    assert proc.returncode == 0 and " skipped" in proc.stdout, proc.stdout[-4000:]
+
+
+@requires_gpu
+@requires_toolkit
+@pytest.mark.compile
+def test_kit_lessons_fail_on_a_gpu_until_their_todos_are_done(kit):
+    """On a GPU every lesson with a TODO has a failing test in the unfinished kit."""
+    out, todos = kit
+    for manifest in lessons():
+        folder = manifest["_dir"].relative_to(REPO_ROOT).as_posix()
+        if not any(t.path.startswith(folder + "/") for t in todos):
+            continue
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               *manifest["tests"]], cwd=out, capture_output=True, text=True)
+        assert proc.returncode == 1 and "TODO(student)" in proc.stdout, f"{folder}:\n{proc.stdout[-3000:]}"
