@@ -59,7 +59,8 @@ PHASE_IDEAS = {
         "*reinterpret_cast<float4*>(c_row + col)"],        # float4 stores
     "phase4_coalesced/softmax_rows.cu": ["*reinterpret_cast<const float4*>(s + j0)", "row_sum<kThreads>"],
     "phase5_fused/fp32/fused_teaching.cu": ["const float alpha = expf(m - m_ref)", "o[d] *= alpha", "m + logf(l)"],
-    "phase6_layernorm_mlp/layer_norm.cu": ["d[e] = ", "local += t * t", "team_sum<kWarpPerRow>(local, scratch)",
+    "phase6_layernorm_mlp/layer_norm.cu": ["const float Kx = to_float(x[base])", "local += t * t",
+                                           "team_sum<kWarpPerRow>(local, scratch)",
                                            "course::block_reduce_sum(local, scratch)"],
     "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
     "phase5_fused/tensor_cores/tc_attention.cu": ["tc::exp2_approx(m[mt][r] - m_use)", "__frcp_rn(total)"],
@@ -192,9 +193,13 @@ def leaks(solution_runs: dict[tuple, str], root: Path) -> list[str]:
 
 
 def test_leak_check_sees_code_through_layout_and_comments(tmp_path):
-    solution = "  a_long_name = first_value + 1;\n  b_long_name = second_value * 2;\n  c_long_name = a_long_name + b;\n"
-    (tmp_path / "same.cu").write_text("a_long_name =   first_value + 1;  // one\n// two\nb_long_name = second_value * 2;\n"
-                                      "}\nc_long_name = a_long_name + b;\n")
+    solution = ("  a_long_name = first_value + 1;\n"
+                "  b_long_name = second_value * 2;\n"
+                "  c_long_name = a_long_name + b;\n")
+    # The same three lines re-indented, with comments and a brace between them: a leak.
+    (tmp_path / "same.cu").write_text("a_long_name =   first_value + 1;  // one\n// two\n"
+                                      "b_long_name = second_value * 2;\n}\nc_long_name = a_long_name + b;\n")
+    # Two of them only: not a run.
     (tmp_path / "two_lines.cu").write_text("a_long_name = first_value + 1;\nb_long_name = second_value * 2;\n")
     found = leaks({run: "k.cu:1" for run in runs(code_lines(solution, "k.cu"))}, tmp_path)
     assert len(found) == 1 and found[0].startswith("same.cu holds the code of k.cu:1")
