@@ -3,8 +3,11 @@
 attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
           return_lse=False, kernel="fast", variant=0)
     softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors,
-    D in SUPPORTED_D. kernel="teaching" runs fused_teaching.cu (Algorithm 1 in its clearest form),
-    kernel="fast" runs fused_fast.cu (register-tiled, cp.async, exp2, gathered strided keys).
+    D in SUPPORTED_D. `kernel` picks one of the five versions of the lesson (KERNELS, in order,
+    each one idea further; README "Versions"): "teaching" runs fused_teaching.cu (Algorithm 1 in
+    its clearest form), "v2" fused_v2_register_tiles.cu, "v3" fused_v3_cp_async.cu, "v4"
+    fused_v4_exp2.cu, and "fast" fused_fast.cu (register-tiled, cp.async, exp2, gathered strided
+    keys). Every version computes the same function.
     Semantics are utils.reference's: bool mask True = attend or additive float mask broadcastable
     to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0), key_lengths [B]
     (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
@@ -25,12 +28,14 @@ from utils.checks import check_attention_inputs, dim_in
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
 DTYPES = (torch.float32,)
-KERNELS = ("fast", "teaching")
+# The versions of the fused kernel, in the order of the lesson (v1 ... v5).
+KERNELS = ("teaching", "v2", "v3", "v4", "fast")
 # Tile configurations (Br x Bc) of the fast kernel per D, in variant order (fused_fast.cu's
 # launch_fast); variant 0 is the default.
 FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x64",), 128: ("64x64", "64x32")}
 FAST_VARIANTS = {D: len(tiles) for D, tiles in FAST_TILES.items()}
-SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_fast.cu"]
+SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_v2_register_tiles.cu", "fused_v3_cp_async.cu",
+           "fused_v4_exp2.cu", "fused_fast.cu"]
 
 
 def _register_fakes() -> None:
@@ -41,8 +46,8 @@ def _register_fakes() -> None:
         lse = q.new_empty((B, H, Sq) if return_lse else (0,))
         return torch.empty_like(q), lse
 
-    for name in ("attention_teaching", "attention_fast"):
-        torch.library.register_fake(f"phase5_fused::{name}")(fake)
+    for name in KERNELS:
+        torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
 
 
 load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes)
@@ -59,6 +64,8 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     configuration for this D (0 = default; run.py compares them)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel != "fast" and variant != 0:
+        raise ValueError(f"variant applies to the fast kernel only (kernel={kernel!r}, variant={variant!r})")
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D),
         key_lengths=key_lengths, is_causal=is_causal, scale=scale)
@@ -70,8 +77,6 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     ops = load()
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
             1 if stride is None else stride, key_lengths, bool(return_lse))
-    if kernel == "fast":
-        out, lse = ops.attention_fast(*args, variant)
-    else:
-        out, lse = ops.attention_teaching(*args)
+    op = getattr(ops, f"attention_{kernel}")
+    out, lse = op(*args, variant) if kernel == "fast" else op(*args)
     return (out, lse) if return_lse else out

@@ -1,4 +1,5 @@
-// What ops.cpp hands to the two fused FP32 kernels of phase 5 (fused_teaching.cu, fused_fast.cu).
+// What ops.cpp hands to the fused FP32 kernels of phase 5: the five versions, fused_teaching.cu (v1),
+// fused_v2_register_tiles.cu, fused_v3_cp_async.cu, fused_v4_exp2.cu and fused_fast.cu (v5).
 // Plain data only, so this header is shared by the host compiler and nvcc.
 #pragma once
 
@@ -9,7 +10,7 @@
 
 namespace phase5 {
 
-// The FP32 head dims both kernels support (each has a template instance per D).
+// The FP32 head dims every version supports (each has a template instance per D).
 constexpr int kSupportedD[] = {32, 64, 80, 96, 128};
 
 struct FusedParams {
@@ -27,6 +28,9 @@ struct FusedParams {
 // Launchers (one per kernel file); they pick the template instance for D and launch on `stream`.
 // variant: the fast kernel's tile configuration (0 = default for D; see fused_fast.cu).
 void launch_teaching(const FusedParams& p, int D, cudaStream_t stream);
+void launch_v2(const FusedParams& p, int D, cudaStream_t stream);
+void launch_v3(const FusedParams& p, int D, cudaStream_t stream);
+void launch_v4(const FusedParams& p, int D, cudaStream_t stream);
 void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream);
 int fast_variant_count(int D);
 

@@ -1,8 +1,9 @@
-// Phase 5 ops: validation (each error names the argument), then the launch of the teaching or the
-// fast fused kernel on the current CUDA stream.
+// Phase 5 ops: validation (each error names the argument), then the launch of one version of the
+// fused kernel on the current CUDA stream.
 //   phase5_fused::attention_teaching(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse)
+//   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...): the same arguments
 //   phase5_fused::attention_fast(..., variant)
-// Both return (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
+// Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
 
 #include "attention_args.h"
@@ -72,13 +74,15 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return prep;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_teaching(
+// The op of a version with one tile configuration per D (all but the fast kernel).
+template <void (*Launch)(const phase5::FusedParams&, int, cudaStream_t)>
+std::tuple<at::Tensor, at::Tensor> attention_version(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
   const c10::cuda::CUDAGuard guard(q.device());
   Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
-  phase5::launch_teaching(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  Launch(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
   return {prep.out, prep.lse};
 }
 
@@ -97,15 +101,22 @@ std::tuple<at::Tensor, at::Tensor> attention_fast(
 }  // namespace
 
 TORCH_LIBRARY(phase5_fused, m) {
-  m.def(
-      "attention_teaching(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
-      "int stride, Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)");
+  // The versions with one tile configuration per D share one signature.
+  for (const char* name : {"attention_teaching", "attention_v2", "attention_v3", "attention_v4"}) {
+    const std::string schema = std::string(name) +
+        "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
+        "Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)";
+    m.def(schema.c_str());
+  }
   m.def(
       "attention_fast(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
       "int stride, Tensor? key_lengths, bool return_lse, int variant) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
-  m.impl("attention_teaching", &attention_teaching);
+  m.impl("attention_teaching", &attention_version<phase5::launch_teaching>);
+  m.impl("attention_v2", &attention_version<phase5::launch_v2>);
+  m.impl("attention_v3", &attention_version<phase5::launch_v3>);
+  m.impl("attention_v4", &attention_version<phase5::launch_v4>);
   m.impl("attention_fast", &attention_fast);
 }

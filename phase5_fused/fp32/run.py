@@ -1,15 +1,19 @@
 """`python -m phase5_fused.fp32.run [--quick] [--no-ncu]`: measure the FP32 fused kernels, then render.
 
-1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 16384: both fused
-   kernels beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on the same inputs in the
-   same run (the S x S paths and the slow kernels stop at MAX_S).
-2. The fast kernel at stride 1, 2, 4, 8 (rows op=attention_strided, with their speed-up over
+1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 16384: the
+   teaching and the fast kernel beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on
+   the same inputs in the same run (the S x S paths and the slow kernels stop at MAX_S).
+2. Every version of the fused kernel (fp32.KERNELS) beside sdpa_efficient at S=4096, D in {64, 128},
+   causal and not (section `versions`: each row with its version number, the idea it adds and its
+   speed-up over the version before).
+3. The fast kernel at stride 1, 2, 4, 8 (rows op=attention_strided, with their speed-up over
    stride 1), and every tile variant of the fast kernel at S=4096 (section `variants`).
-3. Nsight Compute on one call of every attention kernel of phases 2-5 and of sdpa_efficient at the
-   headline shape, in one session (this script's --profile-target).
-4. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
+4. Nsight Compute on one call of every attention kernel of phases 2-5 (every version of the fused
+   kernel) and of sdpa_efficient at the headline shape, in one session (this script's
+   --profile-target).
+5. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: a short run
-written to results/quick/metrics.json, not rendered. About 3 minutes on an H100.
+written to results/quick/metrics.json, not rendered. About 4 minutes on an H100.
 """
 
 from __future__ import annotations
@@ -42,19 +46,31 @@ REFERENCE_LIMIT = 2**28  # float64 reference only up to this many score elements
 # The earlier phases timed beside this one: impl name -> (package, extra arguments of its attention).
 PHASE_PEERS = {"phase2_naive": ("phase2_naive", {}), "phase3_tiled_t16": ("phase3_tiled", {"tile": 16}),
                "phase4_coalesced": ("phase4_coalesced", {})}
-NCU_IMPLS = ["phase2_naive", "phase3_tiled_t16", "phase4_coalesced", "phase5_fused_teaching",
-             "phase5_fused", "sdpa_efficient"]
+# The versions of the fused kernel (fp32.KERNELS, in lesson order): the impl name of their rows and
+# the idea each adds over the version before (README "Versions").
+VERSIONS = {"teaching": ("phase5_fused_teaching", "fusion: online softmax, one thread per row"),
+            "v2": ("phase5_fused_v2", "register tiles, float4 Q K^T"),
+            "v3": ("phase5_fused_v3", "cp.async, K and V double-buffered"),
+            "v4": ("phase5_fused_v4", "exp2 with the scale folded in, partial row sums"),
+            "fast": ("phase5_fused", "mask-free tiles, strided gather, heaviest blocks first")}
+NCU_IMPLS = ["phase2_naive", "phase3_tiled_t16", "phase4_coalesced",
+             *(VERSIONS[kernel][0] for kernel in fp32.KERNELS), "sdpa_efficient"]
 
 
 # ------------------------------------------------------------------------------------------------
 # Implementations: name -> f(q, k, v, causal)
 
 
+def version_impls() -> dict:
+    """Every version of the fused kernel, in lesson order."""
+    return {VERSIONS[kernel][0]: lambda q, k, v, c, name=kernel: fp32.attention(q, k, v, is_causal=c, kernel=name)
+            for kernel in fp32.KERNELS}
+
+
 def fused_impls() -> dict:
-    return {
-        "phase5_fused_teaching": lambda q, k, v, c: fp32.attention(q, k, v, is_causal=c, kernel="teaching"),
-        "phase5_fused": lambda q, k, v, c: fp32.attention(q, k, v, is_causal=c, kernel="fast"),
-    }
+    """The versions the sweep times at every S: the teaching kernel and the fast one."""
+    versions = version_impls()
+    return {name: versions[name] for name in ("phase5_fused_teaching", "phase5_fused")}
 
 
 def peer_impls(verbose=True) -> dict:
@@ -112,6 +128,32 @@ def sweep(impls: dict, seq_lens, head_dims, quick) -> list[dict]:
     return rows
 
 
+def version_rows(sdpa_efficient, quick) -> list[dict]:
+    """Every version at S=4096 (quick: 1024), D=64 and 128, causal and not, beside sdpa_efficient
+    (None where it does not run) on the same inputs: each version's row gets its number, the idea
+    it adds and its speed-up over the version before."""
+    rows = []
+    S = 1024 if quick else HEADLINE["Sq"]
+    impls = version_impls()
+    for D in (64, 128):
+        for causal in (False, True):
+            q, k, v = random_qkv(B, H, S, S, D)
+            if sdpa_efficient is not None:
+                rows.append(attention_row("sdpa_efficient", sdpa_efficient, q, k, v, causal, **timing(quick)))
+            previous_ms = None
+            for number, kernel in enumerate(fp32.KERNELS, 1):
+                impl, adds = VERSIONS[kernel]
+                row = attention_row(impl, impls[impl], q, k, v, causal, **timing(quick))
+                row.update(version=number, adds=adds)
+                if previous_ms is not None:
+                    row["speedup_over_previous"] = previous_ms / row["ms"]
+                previous_ms = row["ms"]
+                rows.append(row)
+            del q, k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
 def strided_rows(quick) -> list[dict]:
     """The fast kernel at stride 1 (dense), 2, 4, 8: time and speed-up over dense."""
     rows = []
@@ -158,7 +200,7 @@ TORCH_KERNEL_HINTS = ("at::native", "at::cuda")
 
 
 def profile_target() -> None:
-    impls = {**peer_impls(verbose=False), **fused_impls()}
+    impls = {**peer_impls(verbose=False), **version_impls()}
     shape = (HEADLINE["B"], HEADLINE["H"], HEADLINE["Sq"], HEADLINE["D"])
     q, k, v = (torch.randn(*shape).cuda() for _ in range(3))  # made on the CPU: no kernels
     torch.cuda._sleep(1000)  # marker: everything before it (peer probes, builds) is set-up
@@ -215,12 +257,15 @@ def main(argv=None) -> int:
     print(f"impls: {', '.join(impls)}", flush=True)
     rows = sweep(impls, QUICK_SEQ_LENS if args.quick else SEQ_LENS, (64, 128), args.quick)
     print(f"sweep done ({time.perf_counter() - start:.0f} s)", flush=True)
+    versions = version_rows(impls.get("sdpa_efficient"), args.quick)
+    print(f"versions done ({time.perf_counter() - start:.0f} s)", flush=True)
     rows += strided_rows(args.quick)
     variants = variant_rows(args.quick)
     print(f"strided + variants done ({time.perf_counter() - start:.0f} s)", flush=True)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     metrics = HERE / "results" / ("quick" if args.quick else "") / "metrics.json"
-    write_results(metrics, rows, get_ceilings(), variants=variants, ncu=ncu, headline=HEADLINE, max_s=MAX_S)
+    write_results(metrics, rows, get_ceilings(), versions=versions, variants=variants, ncu=ncu,
+                  headline=HEADLINE, max_s=MAX_S)
     print(f"wrote {metrics.relative_to(HERE)} in {time.perf_counter() - start:.0f} s", flush=True)
     if not args.quick:
         render(HERE)

@@ -1,8 +1,10 @@
-"""Every FP32 kernel of phase 5 once on small awkward sizes, checked against the float64 reference;
-run under compute-sanitizer by `python -m utils.sanitize phase5_fused.fp32` (memcheck + racecheck).
+"""Every version of phase 5's FP32 fused kernel (fp32.KERNELS) once on small awkward sizes, checked
+against the float64 reference; run under compute-sanitizer by `python -m utils.sanitize
+phase5_fused.fp32` (memcheck + racecheck).
 
-Sizes: S=17 (no tile multiple), Sq != Sk both ways, masks, causal, stride, key padding, every D and
-every fast-kernel tile variant, a row with every key hidden.
+Sizes, for every version: S=17 (no tile multiple), Sq != Sk both ways, Sk below one key tile, masks,
+causal, stride, key padding, every D (each version's template instance per D), a row with every key
+hidden; then every fast-kernel tile variant.
 """
 
 from __future__ import annotations

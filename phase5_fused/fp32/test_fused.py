@@ -1,4 +1,4 @@
-"""Phase 5 FP32 fused kernels (teaching and fast) against utils.reference in float64.
+"""Phase 5 FP32 fused kernels (every version in fp32.KERNELS) against utils.reference in float64.
 
 GPU tests skip without a GPU; the CPU-tensor and argument errors run everywhere (CI). Each kernel
 writes a freshly allocated output: the allocator is poisoned first (a NaN-filled block of the
@@ -20,7 +20,7 @@ from utils.build import REPO_ROOT
 from utils.testing import (assert_close, random_additive_mask, random_bool_mask, random_qkv, randn,
                            requires_gpu)
 
-KERNELS = ("fast", "teaching")
+KERNELS = fp32.KERNELS
 
 
 def _poison_allocator(*shape):
@@ -63,12 +63,24 @@ def test_unknown_kernel_is_rejected():
         fp32.attention(q, q, q, kernel="fastest")
 
 
+def test_variant_is_rejected_for_a_version_without_variants():
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="variant"):
+        fp32.attention(q, q, q, kernel="v2", variant=1)
+
+
 def test_bad_flags_are_rejected_naming_the_argument():
     q = torch.randn(1, 1, 4, 64)
     with pytest.raises(TypeError, match="is_causal"):
         fp32.attention(q, q, q, is_causal=1)
     with pytest.raises(ValueError, match="scale"):
         fp32.attention(q, q, q, scale=float("nan"))
+
+
+def test_run_names_every_version_in_order():
+    from phase5_fused.fp32 import run as benchmark
+
+    assert tuple(benchmark.VERSIONS) == fp32.KERNELS
 
 
 def test_import_builds_nothing():
@@ -274,12 +286,15 @@ def test_bad_variant():
 def test_op_checks_arguments_too():
     """The C++ op validates on its own (a caller may skip the Python API)."""
     ops = fp32.load()
-    q, k, v = random_qkv(1, 1, 8, 8, 48)
-    with pytest.raises(RuntimeError, match="D=48"):
-        ops.attention_fast(q, k, v, None, False, None, 1, None, False, 0)
-    q, k, v = random_qkv(1, 1, 8, 8, 64)
-    with pytest.raises(RuntimeError, match="stride"):
-        ops.attention_teaching(q, k, v, None, False, None, 0, None, False)
+    q48 = random_qkv(1, 1, 8, 8, 48)
+    q64 = random_qkv(1, 1, 8, 8, 64)
+    for kernel in KERNELS:
+        op = getattr(ops, f"attention_{kernel}")
+        variant = (0,) if kernel == "fast" else ()
+        with pytest.raises(RuntimeError, match="D=48"):
+            op(*q48, None, False, None, 1, None, False, *variant)
+        with pytest.raises(RuntimeError, match="stride"):
+            op(*q64, None, False, None, 0, None, False, *variant)
 
 
 @requires_gpu
