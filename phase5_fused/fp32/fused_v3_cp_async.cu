@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v3_kernel(Fus
       }
     }
 
-    // Step 4: scale and mask every score: -inf for rows past Sq, keys past
-    // kv_limit, and whatever course::mask_bias hides (causal, stride, the user's mask).
+    // Step 4: scale and mask every score: -inf for rows past Sq, keys past kv_limit, and whatever
+    // course::mask_bias hides (causal, stride, the user's mask).
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
       const int64_t row = i0 + ty + kTY * i;
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v3_kernel(Fus
       }
     }
 
-    // BEGIN SOLUTION: Step 5, the same step as the online-softmax TODO of fused_teaching.cu (Lines 10-13), for this thread's TM rows: a row's max and its row sum are each shared by the kTX threads of the row (shuffles); port it once fused_teaching's tests pass (README: Versions)
+    // BEGIN SOLUTION: Port of fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 5 here, once the teaching kernel's tests pass: for this thread's TM rows, with a row's max and its row sum each shared by the kTX threads of the row (shuffles) (README: Versions)
     // Step 5: online softmax per row. m_new = max(m, rowmax(S_ij)); P = exp(S_ij - m_new);
     // the old O and l are rescaled by alpha = exp(m - m_new).
 #pragma unroll
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v3_kernel(Fus
   }
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
-  // BEGIN SOLUTION: Step 9, the same step as Line 15 of fused_teaching.cu's TODO, for this thread's TM rows: O / l stored VW floats at a time and the logsumexp (one thread per row); port it once fused_teaching's tests pass (README: Versions)
+  // BEGIN SOLUTION: Port of fused_teaching.cu's Line 15 TODO as Step 9 here, once the teaching kernel's tests pass: for this thread's TM rows, O / l stored VW floats at a time, and the logsumexp (one thread per row) (README: Versions)
   // Step 9: O_i = O_i / l_i (zeros for fully masked rows), logsumexp = m + log l.
 #pragma unroll
   for (int i = 0; i < TM; ++i) {

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v4_kernel(Fus
       }
     }
 
-    // BEGIN SOLUTION: Step 5, the same step as the online-softmax TODO of fused_teaching.cu (Lines 10-13), for this thread's TM rows: scores here are in log2 units (exp2f), a row's max is shared by the kTX threads of the row (shuffles), and l stays a per-thread partial sum (idea 5 above); port it once fused_teaching's tests pass (README: Versions)
+    // BEGIN SOLUTION: Port of fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 5 here, once the teaching kernel's tests pass: for this thread's TM rows, with the scores in log2 units (exp2f), a row's max shared by the kTX threads of the row (shuffles), and l kept as a per-thread partial sum (idea 5 above) (README: Versions)
     // Step 5: online softmax per row. m_new = max(m, rowmax(S_ij)); P = exp2(S_ij - m_new);
     // the old O and l are rescaled by alpha = exp2(m - m_new).
 #pragma unroll
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v4_kernel(Fus
   }
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
-  // BEGIN SOLUTION: Step 9, the same step as Line 15 of fused_teaching.cu's TODO, for this thread's TM rows: the kTX partial sums of a row added first, then O / l stored VW floats at a time and the logsumexp (one thread per row) brought back from log2 units; port it once fused_teaching's tests pass (README: Versions)
+  // BEGIN SOLUTION: Port of fused_teaching.cu's Line 15 TODO as Step 9 here, once the teaching kernel's tests pass: for this thread's TM rows, the kTX partial sums of a row added first, then O / l stored VW floats at a time, and the logsumexp (one thread per row) brought back from log2 units (README: Versions)
   // Step 9: O_i = O_i / l_i (zeros for fully masked rows), logsumexp = (m + log2 l) * ln 2.
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
