@@ -23,16 +23,19 @@ SM90_LIMITS = {"max_threads": 2048, "max_blocks": 32, "registers": 65536, "smem_
 def ptxas_report(folder: Path, sources) -> list[dict]:
     """One record per kernel of the folder's sources: name (demangled), registers, smem_bytes, spill
     stores / loads."""
+    from torch.utils.cpp_extension import include_paths
+
     from utils.build import CSRC, check_setup
 
     cuda_home = check_setup()
+    includes = [f"-I{path}" for path in (CSRC, folder, *include_paths())]  # as the extension build has
     arch = os.environ["TORCH_CUDA_ARCH_LIST"].split(";")[0].replace(".", "").replace("+PTX", "")
 
     def compile_one(source: str) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
                 [str(cuda_home / "bin" / "nvcc"), f"-arch=sm_{arch}", "-O3", "-c", "-Xptxas", "-v",
-                 f"-I{CSRC}", f"-I{folder}", str(Path(folder) / source), "-o", str(Path(tmp) / "k.o")],
+                 *includes, str(Path(folder) / source), "-o", str(Path(tmp) / "k.o")],
                 capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source}:\n{proc.stderr[-2000:]}")
