@@ -18,7 +18,6 @@ written to results/quick/metrics.json, not rendered. About 4 minutes on an H100.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import time
@@ -29,7 +28,7 @@ import torch
 from phase5_fused import fp32
 from utils import reference
 from utils.attention_bench import attention_row, try_attention_row
-from utils.render import render
+from utils.kernel_bench import lesson_main, results_dir
 from utils.testing import random_qkv
 
 HERE = Path(__file__).resolve().parent
@@ -216,7 +215,7 @@ def run_ncu() -> dict:
     from utils.ncu import NcuUnavailable, profile_python
 
     try:
-        records = profile_python(["phase5_fused.fp32.run", "--profile-target"], launch_count=200)
+        records = profile_python(["phase5_fused.fp32.run", "--profile-target", "all"], launch_count=200)
     except (NcuUnavailable, OSError, TimeoutError) as exc:
         print(f"note: ncu unavailable: {str(exc).splitlines()[0]}", flush=True)
         return {"unavailable": str(exc)}
@@ -235,20 +234,9 @@ def run_ncu() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Phase 5 FP32 fused attention benchmark, then its tables and plots")
-    parser.add_argument("--quick", action="store_true", help="a short run written to results/quick/ (not rendered)")
-    parser.add_argument("--profile-target", action="store_true", help="(for ncu) one call of each implementation")
-    parser.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute step")
-    args = parser.parse_args(argv)
-    if args.profile_target:
-        profile_target()
-        return 0
-    if not torch.cuda.is_available():
-        print("no GPU: nothing measured; the tables and plots are drawn from the committed results", flush=True)
-        render(HERE)
-        return 0
-
+def measure(args) -> Path:
+    """The sweep, the versions, the strided rows, the tile variants and the ncu records, written to the
+    results file (returned)."""
     from utils.results import write_results
     from utils.roofline import get_ceilings
 
@@ -263,14 +251,13 @@ def main(argv=None) -> int:
     variants = variant_rows(args.quick)
     print(f"strided + variants done ({time.perf_counter() - start:.0f} s)", flush=True)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
-    metrics = HERE / "results" / ("quick" if args.quick else "") / "metrics.json"
-    write_results(metrics, rows, get_ceilings(), versions=versions, variants=variants, ncu=ncu,
-                  headline=HEADLINE, max_s=MAX_S)
-    print(f"wrote {metrics.relative_to(HERE)} in {time.perf_counter() - start:.0f} s", flush=True)
-    if not args.quick:
-        render(HERE)
-    return 0
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, get_ceilings(), versions=versions,
+                         variants=variants, ncu=ncu, headline=HEADLINE, max_s=MAX_S)
 
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 5 FP32 fused attention benchmark, then its tables and plots", measure,
+                       lambda names: profile_target())
 
 if __name__ == "__main__":
     sys.exit(main())
