@@ -45,8 +45,16 @@ def rubric_lines(rubric: dict) -> list[str]:
     return lines
 
 
-def record_lines(phase: str, record: dict | None) -> list[str]:
-    """The parts of the phase's last recorded grade, and where it was recorded."""
+def scored_parts(rubric: dict) -> list[str]:
+    """The names of the parts a grade under this rubric records, in the grader's words."""
+    names = ["correctness: official tests"] + (["scripts run"] if rubric.get("scripts") else [])
+    return names + [f"speed: {bench['name']}" for bench in rubric.get("benchmarks", [])]
+
+
+def record_lines(rubric: dict, record: dict | None) -> list[str]:
+    """The parts of the phase's last recorded grade, and where it was recorded (and whether under
+    another rubric than this one: a record older than the rubric)."""
+    phase = rubric["phase"]
     lines = ["| part | status | value | points |", "|---|---|---|---|"]
     section = next((p for p in (record or {}).get("phases", []) if p["phase"] == phase), None)
     if section is None:
@@ -58,8 +66,10 @@ def record_lines(phase: str, record: dict | None) -> list[str]:
     total = section.get("points")
     lines.append(f"| **total** | | | **{'–' if total is None else _num(total)} / {section['max']:g}** |")
     env = record["env"]
+    older = [p["name"] for p in section["parts"]] != scored_parts(rubric)
     return [*lines, "", f"_{GRADE_RECORD.relative_to(REPO_ROOT).as_posix()}: {env['gpu']}, torch {env['torch']}, "
-                        f"CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}._"]
+                        f"CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}"
+                        + ("; graded under an earlier rubric" if older else "") + "._"]
 
 
 def grading_lines(manifest: dict) -> list[str]:
@@ -67,4 +77,4 @@ def grading_lines(manifest: dict) -> list[str]:
     if "rubric" not in manifest:
         raise ValueError(f"{manifest['_dir'] / 'manifest.json'} declares no rubric for its grading table")
     rubric = load_rubric(manifest["_dir"] / manifest["rubric"])
-    return [*rubric_lines(rubric), "", *record_lines(rubric["phase"], load_record(GRADE_RECORD))]
+    return [*rubric_lines(rubric), "", *record_lines(rubric, load_record(GRADE_RECORD))]

@@ -40,15 +40,23 @@ def test_rubric_table_has_a_row_per_scored_part(number):
 
 
 def test_record_table_shows_the_recorded_parts_or_that_there_are_none():
-    lines = grading_doc.record_lines("phase2_naive", RECORD)
+    rubric = {"phase": "phase2_naive", "benchmarks": [{"name": "attention FP32"}]}
+    lines = grading_doc.record_lines(rubric, RECORD)
     assert all(is_table_line(line) for line in lines)
     assert "| correctness: official tests | 117 of 117 passed | – | 90 / 90 |" in lines
     assert "| **total** | | | **100 / 100** |" in lines
     assert "GPU X" in lines[-1] and "abc1234" in lines[-1] and "grade/all.json" in lines[-1]
-    assert grading_doc.record_lines("phase3_tiled", RECORD)[-1] == "| – | not recorded on a GPU yet | – | – |"
+    assert "earlier rubric" not in lines[-1]
+    other = {"phase": "phase3_tiled", "benchmarks": []}
+    assert grading_doc.record_lines(other, RECORD)[-1] == "| – | not recorded on a GPU yet | – | – |"
     no_gpu = {**RECORD, "phases": [{**RECORD["phases"][0], "points": None,
                                    "parts": [{**p, "points": None} for p in RECORD["phases"][0]["parts"]]}]}
-    assert "| **total** | | | **– / 100** |" in grading_doc.record_lines("phase2_naive", no_gpu)
+    assert "| **total** | | | **– / 100** |" in grading_doc.record_lines(rubric, no_gpu)
+
+
+def test_a_record_made_under_another_rubric_says_so():
+    changed = {"phase": "phase2_naive", "benchmarks": [{"name": "attention FP32, a new part"}]}
+    assert grading_doc.record_lines(changed, RECORD)[-1].endswith("; graded under an earlier rubric._")
 
 
 def test_the_renderer_fills_the_grading_table_where_its_markers_stand(tmp_path):
