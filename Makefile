@@ -19,6 +19,7 @@ profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
 	$(PY) -m phase1_baseline.run
 
 student:    ## write the student starter kit: make student OUT=DIR
+	@test -n "$(OUT)" || { echo "usage: make student OUT=DIR (the folder the starter kit is written to)"; exit 2; }
 	$(PY) -m utils.student --out $(OUT)
 
 grade:      ## grade one phase (PHASE=N) or all; HIDDEN=DIR adds hidden tests; report in build/grade/

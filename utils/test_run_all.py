@@ -36,6 +36,8 @@ def test_the_parts_cover_every_lesson_run_once():
 
 def test_without_a_gpu_the_job_only_renders_and_executes_the_notebook():
     assert _steps([], gpu=False) == ["render", "notebook"]
+    building = [name for name, _ in run_all.plan(run_all.parse([]), gpu=False)]
+    assert "build" not in building   # nothing will run a kernel: compiling every extension would be wasted
     assert _steps(["--tests", "utils", "--sanitize", "--grade"], gpu=False) == ["tests", "render", "notebook"]
 
 
