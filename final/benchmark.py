@@ -268,15 +268,16 @@ def profile_all(impls, models: Models, notes: list[str]) -> dict:
 def back_to_back_ms(fn, calls: int = 20) -> float:
     """Milliseconds per call of `calls` calls launched back to back (no flush, no sync between): the
     GPU's time per call where the CPU launches faster than the GPU runs, the CPU's otherwise."""
+    from utils.bench import timed_call
+
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+
+    def back_to_back():
+        for _ in range(calls):
+            fn()
+
+    return timed_call(back_to_back)[1] / calls
 
 
 def graph_ms(fn) -> float:

@@ -1,5 +1,5 @@
 """The attention benchmark every phase's run.py shares: same inputs for every implementation,
-peers in the same run, rows in the results schema, and the plots drawn from those rows.
+peers in the same run, rows in the results schema (utils/plots.py draws them).
 
 An implementation is a callable f(q, k, v, is_causal) -> out on CUDA float tensors.
 """
@@ -74,47 +74,3 @@ def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=t
         return [r for r in rows if r is not None]
 
     return sweep(configs, run_config, desc)
-
-
-def plot_speed_vs_seq(rows: list[dict], path, title: str, env: dict | None = None, metric: str = "tflops"):
-    """TFLOP/s (or another row metric) against sequence length, one panel per (D, causal)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = sorted({(r["D"], r["causal"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
-    for ax, (D, causal) in zip(axes[0], panels):
-        subset = [r for r in rows if r["D"] == D and r["causal"] == causal]
-        for impl in dict.fromkeys(r["impl"] for r in subset):
-            pts = sorted((r["Sq"], r[metric]) for r in subset if r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length S")
-        ax.set_ylabel(metric)
-        ax.set_title(f"D={D}, {'causal' if causal else 'non-causal'}", fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    stamp = f" — {env['gpu']}, torch {env['torch']}, {env['date'][:10]}, {env['commit']}" if env else ""
-    fig.suptitle(title + stamp, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def roofline_points(rows: list[dict], match: dict, ncu_bytes: dict | None = None) -> list[dict]:
-    """Roofline points (one per impl) for the rows that match, with each impl's analytic FLOPs and
-    minimum bytes and, where ncu measured it, the DRAM bytes (ncu_bytes: impl -> bytes)."""
-    points = []
-    for r in rows:
-        if all(r.get(k) == v for k, v in match.items()):
-            elem = 2 if r["dtype"] in ("float16", "bfloat16") else 4
-            flops = roofline.attention_flops(r["B"], r["H"], r["Sq"], r["Sk"], r["D"], r["causal"],
-                                             r.get("stride", 1))
-            point = {"label": r["impl"], "flops": flops, "ms": r["ms"],
-                     "bytes": roofline.attention_bytes(r["B"], r["H"], r["Sq"], r["Sk"], r["D"], elem)}
-            if ncu_bytes and r["impl"] in ncu_bytes:
-                point["measured_bytes"] = ncu_bytes[r["impl"]]
-            points.append(point)
-    return points

@@ -25,34 +25,45 @@ def _l2_flush_buffer() -> torch.Tensor:
 FLUSHES = ("write", "read")
 
 
+def evict_l2(flush: str = "write") -> None:
+    """Evict what the last call left in L2: flush="write" zeroes a buffer twice the L2 size (as
+    Triton's do_bench does), which leaves L2 full of dirty lines that the next call writes back to
+    DRAM; flush="read" reads the buffer instead, leaving clean lines."""
+    buffer = _l2_flush_buffer()
+    if flush == "write":
+        buffer.zero_()
+    else:
+        buffer.sum()
+
+
+def timed_call(fn: Callable[[], object]) -> tuple[object, float]:
+    """fn()'s output and its milliseconds on the current stream, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    return out, start.elapsed_time(end)
+
+
 def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l2: bool = True,
               max_seconds: float = 3.0, flush: str = "write") -> float:
     """Median milliseconds of fn() on the current stream, timed with CUDA events.
 
-    Each timed call is preceded by an L2 flush (outside the events): flush="write" zeroes a buffer
-    twice the L2 size (as Triton's do_bench does), which leaves L2 full of dirty lines that the
-    timed call then writes back to DRAM; flush="read" reads the buffer instead, leaving clean
-    lines. Stops early after max_seconds of timed calls, with at least 5 samples.
+    Each timed call is preceded by an L2 flush outside the events (evict_l2: "write" or
+    "read"). Stops early after max_seconds of timed calls, with at least 5 samples.
     """
     if flush not in FLUSHES:
         raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    buffer = _l2_flush_buffer() if flush_l2 else None
     samples: list[float] = []
     spent = 0.0
     for _ in range(reps):
-        if buffer is not None and flush == "write":
-            buffer.zero_()
-        elif buffer is not None:
-            buffer.sum()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
+        if flush_l2:
+            evict_l2(flush)
+        samples.append(timed_call(fn)[1])
         spent += samples[-1] / 1e3
         if spent > max_seconds and len(samples) >= 5:
             break

@@ -123,18 +123,11 @@ def own_share(times: dict[str, float], pattern: str) -> float:
 
 def cuda_timer(flush: str) -> Callable:
     """timer(run) -> (output, ms): flush L2 as utils.bench.time_cuda does, then time run() alone."""
-    from utils.bench import _l2_flush_buffer
-
-    buffer = _l2_flush_buffer()
+    from utils.bench import evict_l2, timed_call
 
     def timed(run):
-        buffer.zero_() if flush == "write" else buffer.sum()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = run()
-        end.record()
-        end.synchronize()
-        return out, start.elapsed_time(end)
+        evict_l2(flush)
+        return timed_call(run)
 
     return timed
 

@@ -1,4 +1,4 @@
-"""The Roofline: ceilings measured on the GPU, FLOP and byte models, and the plot.
+"""The Roofline: ceilings measured on the GPU, and FLOP and byte models (utils/plots.py draws it).
 
 Ceilings are measured once per GPU and cached in utils/results/ceilings.json (keyed by GPU name):
 - dram_TBps: device-to-device copy, bytes read + bytes written, over time;
@@ -214,78 +214,6 @@ def get_ceilings(remeasure: bool = False) -> dict:
     CEILINGS_PATH.parent.mkdir(parents=True, exist_ok=True)
     CEILINGS_PATH.write_text(json.dumps(cache, indent=1) + "\n")
     return ceilings
-
-
-# ------------------------------------------------------------------------------------------------
-# Plot
-
-CEILING_LABELS = {
-    "fp32_TFLOPs": "FP32 FFMA peak",
-    "sgemm_TFLOPs": "cuBLAS SGEMM",
-    "tf32_tc_TFLOPs": "TF32 tensor cores",
-    "fp16_tc_TFLOPs": "FP16 tensor cores",
-    "bf16_tc_TFLOPs": "BF16 tensor cores",
-}
-
-
-def plot_roofline(points: list[dict], ceilings: dict, path: str | Path, title: str,
-                  compute_ceilings=("fp32_TFLOPs", "sgemm_TFLOPs"), env: dict | None = None) -> Path:
-    """Log-log Roofline: attainable TFLOP/s against arithmetic intensity (FLOP/byte).
-
-    points: dicts with label, flops, bytes, ms, and optionally measured_bytes (ncu DRAM bytes):
-    each point is drawn at its analytic intensity (filled) and, where measured, at its measured
-    intensity (hollow, joined by a line), so a student sees how far real traffic is from the ideal.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 6))
-    bandwidth = ceilings["dram_TBps"] * 1e12
-    intensities = [p["flops"] / p["bytes"] for p in points] + [
-        p["flops"] / p["measured_bytes"] for p in points if p.get("measured_bytes")]
-    lo = min([0.05] + [i / 3 for i in intensities])
-    hi = max([2000.0] + [i * 3 for i in intensities])
-    xs = [lo * (hi / lo) ** (t / 200) for t in range(201)]
-    styles = ["-", "--", "-.", ":", (0, (5, 1))]
-    for n, key in enumerate(k for k in compute_ceilings if k in ceilings):
-        peak = ceilings[key] * 1e12
-        ax.plot(xs, [min(peak, bandwidth * x) / 1e12 for x in xs], linestyle=styles[n % len(styles)],
-                color="black", linewidth=1.2)
-        ax.annotate(f"{CEILING_LABELS.get(key, key)} {ceilings[key]:.0f} TFLOP/s", (hi, peak / 1e12),
-                    ha="right", va="bottom" if n % 2 == 0 else "top", fontsize=8)
-    ridge_x = lo * 1.5
-    ax.annotate(f"DRAM {ceilings['dram_TBps']:.2f} TB/s", (ridge_x, bandwidth * ridge_x / 1e12),
-                rotation=0, fontsize=8, va="bottom")
-    cmap = plt.get_cmap("tab10" if len(points) <= 10 else "tab20")
-    for n, p in enumerate(points):
-        x = p["flops"] / p["bytes"]
-        y = p["flops"] / (p["ms"] * 1e-3) / 1e12
-        color = cmap(n % cmap.N)
-        ax.scatter([x], [y], color=color, zorder=3, label=p["label"])
-        if p.get("measured_bytes"):
-            xm = p["flops"] / p["measured_bytes"]
-            ax.scatter([xm], [y], facecolors="none", edgecolors=[color], zorder=3)
-            ax.plot([xm, x], [y, y], color=color, linewidth=0.8, alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
-    ax.set_ylabel("TFLOP/s")
-    stamp = f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date'][:10]}, {env['commit']}" if env else ""
-    ax.set_title(f"{title}\n{stamp}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    if any(p.get("measured_bytes") for p in points):
-        ax.text(0.01, 0.99, "filled: minimum bytes; hollow: ncu-measured DRAM bytes",
-                transform=ax.transAxes, fontsize=7, va="top")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
 
 
 def ridge_point(ceilings: dict, key: str = "fp32_TFLOPs") -> float:

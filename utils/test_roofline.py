@@ -1,4 +1,4 @@
-"""FLOP and byte models of utils.roofline, and the plot from given ceilings (CPU only)."""
+"""FLOP and byte models of utils.roofline (CPU only); utils/test_render.py draws the plot."""
 
 import pytest
 
@@ -42,12 +42,3 @@ def test_mlp_and_layer_norm_models():
 
 def test_ridge_point():
     assert roofline.ridge_point({"fp32_TFLOPs": 60.0, "dram_TBps": 3.0}) == pytest.approx(20.0)
-
-
-def test_plot_writes_png(tmp_path):
-    ceilings = {"dram_TBps": 3.0, "fp32_TFLOPs": 65.0, "sgemm_TFLOPs": 50.0}
-    points = [{"label": "a", "flops": 1e12, "bytes": 1e10, "ms": 50.0, "measured_bytes": 4e10},
-              {"label": "b", "flops": 1e11, "bytes": 1e11, "ms": 80.0}]
-    env = {"gpu": "test", "torch": "x", "cuda": "y", "date": "2026-01-01T00:00:00", "commit": "abc"}
-    path = roofline.plot_roofline(points, ceilings, tmp_path / "r.png", "test", env=env)
-    assert path.stat().st_size > 10_000
