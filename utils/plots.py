@@ -249,25 +249,17 @@ def measured_bytes(plot: dict, doc: dict) -> dict:
     spec = plot.get("ncu")
     if not spec:
         return {}
-    fields = {"dram": ("dram_bytes",), "l2": ("l2_bytes",), "l1": ("l1_bytes",)}
+    fields = {"dram": "dram_bytes", "l2": "l2_bytes", "l1": "l1_bytes"}   # as utils.ncu derives them
     out: dict = {}
     for r in rows_at(doc, spec.get("rows", "ncu.kernels")):
         if not matches(r, spec.get("where", {})) or "impl" not in r:
             continue
         per = out.setdefault(ncu_key(plot, r), {})
         for level in spec.get("levels", ["dram"]):
-            value = _bytes(r, fields[level][0])
+            value = r.get(fields[level])
             if value is not None:
                 per[level] = per.get(level, 0.0) + value
     return out
-
-
-def _bytes(record: dict, field: str):
-    if record.get(field) is not None:
-        return record[field]
-    if field == "dram_bytes" and record.get("dram_read_bytes") is not None:
-        return record["dram_read_bytes"] + (record.get("dram_write_bytes") or 0)
-    return None
 
 
 def _finish(fig, plt, title: str, env: dict, path: Path, right: float | None = None) -> None:
