@@ -120,10 +120,50 @@ def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
 
 def resolve_mode(mode: str, q, k=None, v=None, mask=None, stride=None) -> str:
     """The concrete mode that runs: `mode` itself if it takes the inputs, auto's pick for "auto";
-    otherwise UnsupportedModeError naming the modes that would take them."""
+    otherwise UnsupportedModeError naming the modes that would take them.
+
+    The answer depends on the signature alone (mode, q's device type, dtype, rank and D, stride), so
+    it is remembered per signature (_RESOLVED): a repeated call costs one dict lookup instead of
+    every mode's rule (the per-call cost a 20-microsecond decode kernel would otherwise pay). Only
+    answers are remembered; a signature that raised is decided, and explained, again."""
+    if k is not None and v is not None:
+        check_attention_shapes(q, k, v, mask, stride)
+    key = _signature(mode, q, stride)
+    try:
+        resolved = _RESOLVED.get(key)
+    except TypeError:  # an unhashable mode or stride: the full path names it
+        key = resolved = None
+    if resolved is None:
+        resolved = _resolve(mode, q, stride)
+        if key is not None:
+            if len(_RESOLVED) >= _MAX_SIGNATURES:  # unbounded strides or head dims: start afresh
+                _RESOLVED.clear()
+            _RESOLVED[key] = resolved
+    return resolved
+
+
+# signature -> resolved mode (resolve_mode); a few entries per program (one per dtype and head size).
+_RESOLVED: dict[tuple, str] = {}
+_MAX_SIGNATURES = 1024
+
+
+def _signature(mode, q, stride) -> tuple | None:
+    """What decides the mode, as a dict key; None where there is none: under torch.compile (D may be
+    symbolic, and the traced code runs the rules once per trace anyway) and for a q that is no
+    tensor or has no dimension (the full path raises the error that names it)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return (mode, q.device.type, q.dtype, q.dim(), q.shape[-1], stride)
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _resolve(mode: str, q, stride) -> str:
+    """resolve_mode's decision from the rules themselves (MODE_INFO), with its errors."""
     if mode != "auto" and mode not in MODES:
         raise UnsupportedModeError(f"unknown attention mode {mode!r}; modes are {('auto', *MODES)}")
-    ok = supported_modes(q, k, v, mask, stride)
+    ok = supported_modes(q, stride=stride)
     if mode == "auto":
         cuda_ok = [m for m in ok if m != "reference"]
         if cuda_ok:
@@ -157,15 +197,24 @@ def _reference(q, k, v, mask, is_causal, scale, stride):
                                stride=stride).to(q.dtype)
 
 
-def _run(mode, q, k, v, mask, is_causal, scale, stride):
-    if mode == "reference":
-        return _reference(q, k, v, mask, is_causal, scale, stride)
-    if mode == "fused":
-        return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride)
-    if mode == "fused_tc":
-        return tensor_cores.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-    phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
-    return phase.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+def _fused(q, k, v, mask, is_causal, scale, stride):
+    return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride)
+
+
+def _unfused(phase):
+    """Phases 2-4 take no stride (resolve_mode has refused one: stride is None here)."""
+    def run(q, k, v, mask, is_causal, scale, stride):
+        return phase.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    return run
+
+
+def _fused_tc(q, k, v, mask, is_causal, scale, stride):
+    return tensor_cores.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+# mode -> the call that runs it: the phase's API, which checks the inputs (once) and launches.
+_RUN = {"reference": _reference, "naive": _unfused(phase2_naive), "tiled": _unfused(phase3_tiled),
+        "coalesced": _unfused(phase4_coalesced), "fused": _fused, "fused_tc": _fused_tc}
 
 
 def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bool = False,
@@ -174,12 +223,11 @@ def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bo
 
     Raises UnsupportedModeError (a ValueError) for an unknown mode or one that cannot take the
     inputs, listing the modes that would; TypeError / ValueError naming the argument for bad input.
-    The mode is chosen from q's metadata; the inputs are then checked once, by the code that runs
-    them (the phase's API, or check_attention_shapes before the reference)."""
-    mode = resolve_mode(mode, q, stride=stride)
-    if stride == 1:
-        stride = None
-    return _run(mode, q, k, v, mask, is_causal, scale, stride)
+    The mode is chosen from q's metadata (remembered per signature, resolve_mode); the inputs are
+    then checked once, by the code that runs them (the phase's API, or check_attention_shapes before
+    the reference)."""
+    run = _RUN[resolve_mode(mode, q, stride=stride)]
+    return run(q, k, v, mask, is_causal, scale, None if stride == 1 else stride)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -127,6 +127,62 @@ def test_supported_modes_and_auto_rule(dtype, D, stride, expected):
                     resolve_mode(mode, q, k, k, stride=stride)
 
 
+def test_mode_resolution_is_remembered_per_signature(monkeypatch):
+    """A repeated signature skips the rules (one dict lookup per call); any other signature, and
+    every error, is still decided by them."""
+    monkeypatch.setattr(A, "_RESOLVED", {})
+    with FakeTensorMode():
+        q16, q32 = (torch.empty(1, 2, 16, 64, dtype=dt, device="cuda") for dt in (torch.float16, torch.float32))
+        assert resolve_mode("auto", q16) == "fused_tc" and resolve_mode("fused", q32, stride=2) == "fused"
+        with monkeypatch.context() as m:
+            m.setattr(A, "supported_modes", lambda *a, **kw: pytest.fail("the rules ran for a known signature"))
+            assert resolve_mode("auto", q16) == "fused_tc" and resolve_mode("fused", q32, stride=2) == "fused"
+        assert resolve_mode("auto", q32) == "fused"
+        with pytest.raises(UnsupportedModeError, match="has no stride support"):
+            resolve_mode("fused_tc", q16, stride=2)
+        with pytest.raises(UnsupportedModeError, match="D in"):
+            resolve_mode("auto", torch.empty(1, 2, 16, 80, dtype=torch.float16, device="cuda"))
+        with pytest.raises(ValueError, match="q must be 4-D"):
+            resolve_mode("auto", q16[0])
+        with pytest.raises(ValueError, match="k must be"):
+            resolve_mode("auto", q16, q16[:, :1], q16)
+    with pytest.raises(UnsupportedModeError, match="needs CUDA tensors"):
+        resolve_mode("fused_tc", torch.empty(1, 2, 16, 64, dtype=torch.float16))
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        resolve_mode("auto", "q")
+    assert ("fused_tc", "cuda", torch.float16, 4, 64, 2) not in A._RESOLVED  # errors are not remembered
+
+
+def test_a_call_checks_its_inputs_once(monkeypatch):
+    """cuda_attention_forward resolves the mode from metadata and leaves the input checks to the
+    phase API it calls: check_attention_shapes runs once per call (the phase op is a stub here)."""
+    from types import SimpleNamespace
+
+    from utils import checks
+    from utils.build import LOADED_OPS
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    real = checks.check_attention_shapes
+    monkeypatch.setattr(checks, "check_attention_shapes", counting)
+    monkeypatch.setattr(A, "check_attention_shapes", counting)
+    monkeypatch.setitem(LOADED_OPS, "phase5_fused_tc", SimpleNamespace(attention=lambda q, *a: torch.empty_like(q)))
+    with warnings.catch_warnings(), FakeTensorMode():
+        warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
+        q = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
+        for _ in range(2):  # the first call resolves the mode, the second finds it
+            calls.clear()
+            assert cuda_attention_forward(q, q, q).shape == q.shape and len(calls) == 1
+    calls.clear()
+    q, k, v = _qkv()
+    cuda_attention_forward(q, k, v, mode="reference")
+    assert len(calls) == 1
+
+
 def test_capability_table_reads_the_phases():
     """final.attention's table takes each mode's limits from the package that defines them, so it is
     decidable without building a kernel and cannot drift from the phases (importing builds nothing)."""

@@ -52,16 +52,19 @@ def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, sca
         check_tensor(x, name, dim=4)
         if not x.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got {_dtype_name(x.dtype)}")
-    if not (q.dtype == k.dtype == v.dtype):
+    # (each property read once: these checks run on every call of every kernel)
+    dtype, device = q.dtype, q.device
+    if k.dtype != dtype or v.dtype != dtype:
         raise TypeError(f"q, k, v must share a dtype, got {_dtype_name(q.dtype)}, {_dtype_name(k.dtype)}, "
                         f"{_dtype_name(v.dtype)}")
-    if k.device != q.device or v.device != q.device:
+    if k.device != device or v.device != device:
         raise ValueError(f"k and v must be on q's device {q.device}, got {k.device} and {v.device}")
     B, H, Sq, D = q.shape
-    Sk = k.shape[2]
-    if k.shape[:2] != (B, H) or k.shape[3] != D:
+    k_shape = k.shape
+    Bk, Hk, Sk, Dk = k_shape
+    if Bk != B or Hk != H or Dk != D:
         raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
-    if v.shape != k.shape:
+    if v.shape != k_shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if min(B, H, Sq, Sk, D) == 0:
         raise ValueError(f"q, k, v must not be empty, got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -82,8 +85,8 @@ def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float3
     """check_attention_shapes, then: q, k, v CUDA tensors of one of `dtypes`, supported_d(D), and
     key_lengths [B] int32/int64 on the GPU. Returns contiguous q, k, v, the mask and (B,H,Sq,Sk,D)."""
     mask, (B, H, Sq, Sk, D) = check_attention_shapes(q, k, v, mask, stride, is_causal, scale)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_cuda_tensor(x, name, dtypes)
+    # k and v share q's device and dtype (checked above): q's check speaks for all three
+    check_cuda_tensor(q, "q", dtypes)
     if supported_d is not None and not supported_d(D):
         raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by this kernel")
     if key_lengths is not None:
