@@ -13,8 +13,9 @@ shape's rows, for the models whose single call is bound by the CPU's launches mo
     gpu_ms      the GPU time of the call's kernels (torch.profiler, the profile's total)
     b2b_ms      time per call of calls launched back to back (the CPU queues ahead where it can)
     graph_ms    one call replayed from a CUDA graph, after an L2 flush (no CPU launch cost)
-Writes final/results/metrics.json (utils.results; op "model" rows with B and S, DESIGN.md's schema)
-and then draws final/README.md's tables and final/results' plots (utils.render).
+Writes final/results/metrics.json (utils.results; op "model" rows with B and S, DESIGN.md's schema),
+then runs final.api_overhead (the attention API's per-call cost, final/results/api_overhead.json) and
+draws final/README.md's tables and final/results' plots (utils.render).
 
 Implementations (IMPLS; one impl name per model and precision, the dtype field says it too):
     torch_eager            FP32, explicit-math attention (phase 1's "math")
@@ -380,6 +381,9 @@ def main(argv=None) -> int:
                          notes=notes, compile_s=models.compile_s, wall_s=time.perf_counter() - start)
     print(f"wrote {path} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
     if args.out.resolve() == METRICS_PATH:
+        from final import api_overhead
+
+        api_overhead.run()  # the attention API's per-call cost (seconds), a table of the same README
         render(HERE)
     return 0
 

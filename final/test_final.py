@@ -330,6 +330,44 @@ def test_benchmark_grid_and_flops():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_api_overhead_pipeline_on_cpu(monkeypatch, tmp_path):
+    """final.api_overhead's rows, notes and table, on CPU: every course path refuses CPU tensors and
+    is noted by name, SDPA is measured, and the declared table renders its rows."""
+    import json
+    import shutil
+
+    from final import api_overhead as ao
+    from utils.manifest import load_manifest
+    from utils.render import render_tables
+    from utils.results import write_results
+
+    def no_op(mode, q, k, v):  # the op path would build the extension
+        raise RuntimeError("no extension in this test")
+
+    for name, value in (("DEVICE", CPU), ("CALLS", 3), ("SAMPLES", 2), ("WARMUP", 1), ("op_call", no_op)):
+        monkeypatch.setattr(ao, name, value)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    notes: list[str] = []
+    rows = ao.measure(notes)
+    assert {r["impl"] for r in rows} >= {"sdpa"} and all(r["impl"].startswith("sdpa") for r in rows)
+    assert {r["dtype"] for r in rows} == set(ao.DTYPES)
+    assert all(0 < r["host_us"] <= r["b2b_us"] and r["rel_err"] < 1e-2 for r in rows), rows
+    for mode, dtypes in ao.MODE_DTYPES.items():
+        for dtype in dtypes:  # each CUDA mode in each dtype it takes, at the benchmark's D
+            assert A.MODE_INFO[mode].rejects("cuda", getattr(torch, dtype), ao.SHAPE["D"], None) is None
+            for impl in ("cuda_attention_forward", "phase_api", "op"):
+                assert any(n.startswith(f"{impl} mode={mode} {dtype}: ") for n in notes), (impl, mode, dtype)
+    assert set(ao.MODE_DTYPES) == {m for m in MODES if A.MODE_INFO[m].cuda}
+    for name in ("manifest.json", "README.md"):
+        shutil.copy(ao.HERE / name, tmp_path / name)
+    write_results(tmp_path / "results" / "api_overhead.json", rows)
+    manifest = load_manifest(tmp_path)
+    render_tables({**manifest, "tables": [t for t in manifest["tables"] if t["name"] == "api_overhead"]})
+    table = (tmp_path / "README.md").read_text().split("<!-- table:api_overhead -->")[1].split("<!--")[0]
+    assert "| sdpa | – | float32 |" in table and "1.00x" in table, table
+    assert json.loads((tmp_path / "results" / "api_overhead.json").read_text())["rows"] == json.loads(json.dumps(rows))
+
+
 def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
     from final import benchmark as bm
 
