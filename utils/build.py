@@ -9,7 +9,8 @@ no CUDA toolkit, no ninja, a CPU-only torch, or a toolkit whose CUDA major versi
 torch's. It sets CUDA_HOME and TORCH_CUDA_ARCH_LIST itself (the visible GPU's arch, or 9.0 when no
 GPU is visible), so the kernels also compile on a machine without a GPU.
 
-`python -m utils.build --all` builds every phase in parallel and prints each build's time.
+`python -m utils.build --all` builds every phase in parallel and shows each build as it starts and
+finishes, with its time, and what is still building.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -227,7 +228,8 @@ def _library_header_dirs() -> list[str]:
 
 
 def _build_one(package: str, jobs: int) -> tuple[str, float, str]:
-    """Build one package's extension in a fresh interpreter; return (package, seconds, error)."""
+    """Build one package's extension in a fresh interpreter; return (package, seconds, error). A
+    failed build's log goes to stderr."""
     start = time.perf_counter()
     env = dict(os.environ, MAX_JOBS=str(jobs))
     proc = subprocess.run(
@@ -270,21 +272,48 @@ def extension_packages() -> list[str]:
 
 
 def build_all(packages=None) -> bool:
-    """Build the given packages' extensions (default: every one) in parallel; print each build's
-    time. True if all built."""
+    """Build the given packages' extensions (default: every one) in parallel. Prints a line when a
+    build starts and when it finishes (in the order they finish, with its time and how many are
+    left), and what is still building: on a terminal a status line redrawn every second, in a log a
+    line every minute (utils.progress). True if all built."""
+    from utils.progress import Progress, duration, remaining
+
     check_setup()
     present = [p for p in (extension_packages() if packages is None else packages) if package_exists(p)]
     workers = max(1, min(len(present), os.cpu_count() or 1))
     jobs = max(1, (os.cpu_count() or 1) // workers)
     print(f"building {len(present)} extensions, {workers} at a time, "
           f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}", flush=True)
-    ok = True
+    progress = Progress()
+    running: dict[str, float] = {}  # package -> when its build started (written by the pool's threads)
+
+    def build(package: str):
+        running[package] = time.perf_counter()
+        progress.line(f"  {package:<24} building")
+        try:
+            return _build_one(package, jobs)
+        finally:
+            running.pop(package, None)
+
+    ok, finished = True, 0
     start = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
-        for package, seconds, error in pool.map(lambda p: _build_one(p, jobs), present):
-            status = "ok" if not error else f"FAILED: {error}"
-            print(f"  {package:<24} {seconds:7.1f} s  {status}", flush=True)
-            ok &= not error
+        pending = {pool.submit(build, p) for p in present}
+        while pending:
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                package, seconds, error = future.result()
+                finished += 1
+                ok &= not error
+                status = "ok" if not error else f"FAILED: {error}"
+                left = remaining(finished, len(present), time.perf_counter() - start)
+                progress.line(f"  {package:<24} {seconds:7.1f} s  {status}  [{finished}/{len(present)}"
+                              f"{', ' + left if left else ''}]")
+            now = time.perf_counter()
+            if pending and running:
+                progress.heartbeat(f"  building {', '.join(f'{p} ({duration(now - t)})' for p, t in list(running.items()))}"
+                                   f", {finished}/{len(present)} done, {duration(now - start)}")
+    progress.close()
     print(f"all builds: {time.perf_counter() - start:.1f} s", flush=True)
     return ok
 

@@ -91,3 +91,46 @@ def test_extension_packages_are_the_packages_that_define_load():
     with_kernels = [m["name"] for m in lessons() if any(m["_dir"].glob("*.cu"))]
     assert with_kernels and set(with_kernels) <= set(found)
     assert all(build.defines_load(p) for p in found)
+
+
+def test_build_all_shows_each_build_as_it_starts_and_finishes(monkeypatch, capsys):
+    """Finished builds are printed in the order they finish (not submitted), with how many are done;
+    a log (stdout not a terminal) gets no carriage returns."""
+    import os
+    import time
+
+    monkeypatch.setattr(build, "check_setup", lambda: None)
+    monkeypatch.setattr(build, "package_exists", lambda p: True)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setattr(build, "_build_one", lambda p, jobs: (time.sleep(1.5 if p == "slow" else 0.1), (p, 0.1, ""))[1])
+    assert build.build_all(("slow", "fast")) is True
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "\r" not in out
+    started = [n for n, line in enumerate(lines) if line.split() == ["slow", "building"] or line.split() == ["fast", "building"]]
+    fast, slow = (next(n for n, line in enumerate(lines) if line.split()[:2] == [name, "0.1"]) for name in ("fast", "slow"))
+    assert len(started) == 2 and max(started) < fast < slow, out
+    assert "[1/2" in lines[fast] and "[2/2]" in lines[slow]
+
+
+def test_progress_redraws_a_status_line_only_on_a_terminal():
+    import io
+
+    from utils.progress import Progress, remaining
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    log, terminal = io.StringIO(), Terminal()
+    for stream in (log, terminal):
+        progress = Progress(stream, every=0.0)
+        progress.status("running a")
+        progress.heartbeat("running b")
+        progress.line("a done")
+        progress.close()
+    assert log.getvalue() == "running b\na done\n"
+    assert terminal.getvalue().startswith("\rrunning a") and "\r" + " " * len("running b") + "\r" in terminal.getvalue()
+    assert terminal.getvalue().endswith("a done\n")
+    assert remaining(1, 4, 30.0) == "about 1 min 30 s left" and remaining(4, 4, 30.0) == ""
