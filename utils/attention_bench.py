@@ -54,11 +54,12 @@ def try_attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, 
 
 
 def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=torch.float32,
-                        desc: str = "attention") -> list[dict]:
+                        desc: str = "attention", count=None) -> list[dict]:
     """Rows for every implementation on every config (dict with B, H, S, D, causal; optional Sk).
 
     All implementations of one config see the same inputs. An implementation that raises (an
     unsupported D, say) is skipped for that config with a printed note; out-of-memory too.
+    count: the progress count of a larger sweep this one is part of (utils.bench.sweep).
     """
 
     def run_config(c: dict) -> list[dict]:
@@ -73,4 +74,4 @@ def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=t
         torch.cuda.empty_cache()
         return [r for r in rows if r is not None]
 
-    return sweep(configs, run_config, desc)
+    return sweep(configs, run_config, desc, count)

@@ -4,8 +4,6 @@ peak extra memory of a call; a sweep helper that shows progress."""
 from __future__ import annotations
 
 import statistics
-import sys
-import time
 from typing import Callable, Iterable
 
 import torch
@@ -102,25 +100,29 @@ def peak_extra_mb(fn: Callable[[], object]) -> float:
 
 
 def sweep(configs: Iterable[dict], run_one: Callable[[dict], list[dict] | dict | None],
-          desc: str = "sweep") -> list[dict]:
+          desc: str = "sweep", count=None) -> list[dict]:
     """Run run_one(config) for every config, printing progress; collect the rows it returns.
 
-    A config that fails with out-of-memory is reported and skipped (the sweep goes on).
+    After each config a line: the config, how many are done, the time so far and an estimate of the
+    time left (utils.progress.Count; pass one `count` to several sweeps to count them as one). Plain
+    lines, no status line redrawn in place: run_one prints its own lines between them. A config
+    that fails with out-of-memory is reported and skipped (the sweep goes on).
     """
+    from utils.progress import Count
+
     configs = list(configs)
+    count = count or Count(len(configs), desc)
     rows: list[dict] = []
-    start = time.perf_counter()
-    for n, config in enumerate(configs, 1):
+    for config in configs:
         label = " ".join(f"{k}={v}" for k, v in config.items())
         try:
             result = run_one(config)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            print(f"[{desc} {n}/{len(configs)}] {label}: out of memory, skipped", flush=True)
+            print(f"{count.step()} {label}: out of memory, skipped", flush=True)
             continue
         if isinstance(result, dict):
             result = [result]
         rows.extend(result or [])
-        elapsed = time.perf_counter() - start
-        print(f"[{desc} {n}/{len(configs)}] {label} ({elapsed:.0f} s)", flush=True, file=sys.stdout)
+        print(f"{count.step()} {label}", flush=True)
     return rows

@@ -70,15 +70,14 @@ def sweep_with_budget(panels: list[dict], budgets: dict[str, float], B: int = 4,
     (or out of memory) it stays out of that panel.
     """
     from utils.attention_bench import benchmark_attention
+    from utils.progress import Count
 
     rows = []
-    total = sum(len(panel["seq_lens"]) for panel in panels)
-    n = 0
+    count = Count(sum(len(panel["seq_lens"]) for panel in panels), desc)  # one count over every panel
     for panel in panels:
         active = dict(panel["impls"])
         last: dict = {}  # impl -> (S, ms) of its last measurement in this panel
         for S in panel["seq_lens"]:
-            n += 1
             # Drop the impls whose predicted time at this S passes their budget.
             for name, budget in budgets.items():
                 if name in active and name in last:
@@ -88,7 +87,7 @@ def sweep_with_budget(panels: list[dict], budgets: dict[str, float], B: int = 4,
                               f"{ms0 * (S / S0) ** 2:.0f} ms per call > {budget:.0f} ms)", flush=True)
                         del active[name]
             config = {"B": B, "H": H, "S": S, "D": panel["D"], "causal": panel["causal"]}
-            new = benchmark_attention(active, [config], desc=f"{desc} {n}/{total}")
+            new = benchmark_attention(active, [config], desc=desc, count=count)
             # A budgeted impl that produced no row (out of memory, say) stays out of the panel.
             measured = {r["impl"] for r in new}
             for name in budgets:

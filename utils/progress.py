@@ -39,6 +39,25 @@ def remaining(done: int, total: int, seconds: float) -> str:
     return f"about {duration(seconds / done * (total - done))} left"
 
 
+class Count:
+    """How far a loop of known length is: `tag()` after each item gives '[desc n/total, 1 min 02 s,
+    about 3 min left]'. A sweep made of smaller sweeps passes one Count to all of them."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self.start = time.perf_counter()
+
+    def step(self) -> str:
+        """Count one more item done; its tag."""
+        self.n += 1
+        return self.tag()
+
+    def tag(self) -> str:
+        spent = time.perf_counter() - self.start
+        left = remaining(self.n, self.total, spent)
+        return f"[{self.desc} {self.n}/{self.total}, {duration(spent)}{', ' + left if left else ''}]"
+
+
 class Progress:
     """Lines for events and, on a terminal only, one status line redrawn in place.
 

@@ -17,3 +17,32 @@ def test_unknown_flush_is_named():
 def test_both_flushes_time_a_kernel(flush):
     x = torch.randn(1 << 20, device="cuda")
     assert time_cuda(lambda: x * 2, reps=5, flush=flush) > 0
+
+
+def test_sweep_prints_each_config_with_the_count_and_the_time_left(capsys):
+    from utils.bench import sweep
+
+    def run_one(config):
+        if config["S"] == 2:
+            raise torch.cuda.OutOfMemoryError("too big")
+        return {"impl": "x", "S": config["S"]}
+
+    assert sweep([{"S": 1}, {"S": 2}, {"S": 3}], run_one, "demo") == [{"impl": "x", "S": 1}, {"impl": "x", "S": 3}]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("]")[0] for line in lines] == ["[demo 1/3, 0 s, about 0 s left", "[demo 2/3, 0 s, about 0 s left",
+                                                      "[demo 3/3, 0 s"]
+    assert lines[0].endswith("] S=1") and lines[1].endswith("] S=2: out of memory, skipped") and "\r" not in "".join(lines)
+
+
+def test_the_budgeted_sweep_counts_every_panel_as_one_sweep(monkeypatch, capsys):
+    """sweep_with_budget measures one config at a time; its progress counts all panels' configs."""
+    from utils import attention_bench, kernel_bench
+
+    def fake(impls, configs, desc="attention", count=None):
+        return attention_bench.sweep(configs, lambda c: [{"impl": n, "ms": 1.0} for n in impls], desc, count)
+
+    monkeypatch.setattr(attention_bench, "benchmark_attention", fake)
+    panels = [{"D": 64, "causal": c, "seq_lens": [128, 256], "impls": {"a": None}} for c in (False, True)]
+    assert len(kernel_bench.sweep_with_budget(panels, {})) == 4
+    tags = [line.split(",")[0] for line in capsys.readouterr().out.splitlines()]
+    assert tags == ["[attention 1/4", "[attention 2/4", "[attention 3/4", "[attention 4/4"]
