@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from utils.build import REPO_ROOT
@@ -42,6 +43,7 @@ from utils.grade_rubric import (LEVELS, NO_GPU, RubricError, load_rubric, lesson
                                 score_benchmark, score_correctness, score_scripts)
 from utils.grade_tests import (assemble_tree, hidden_test_files, official_ids, outcome_records, run_pytest,
                                run_scripts, tree_dir)
+from utils.progress import duration, remaining, stream_process
 
 DEFAULT_OUT = REPO_ROOT / "build" / "grade"
 WORKER_TIMEOUT_S = 1800.0
@@ -57,16 +59,15 @@ def run_worker(root: Path, benchmarks: list[dict], with_peers: bool, reps: int) 
     with tempfile.TemporaryDirectory(prefix="grade-bench-") as tmp:
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec.write_text(json.dumps({"benchmarks": benchmarks, "peers": with_peers, "reps": reps}))
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        try:
-            proc = subprocess.run([sys.executable, "-m", "utils.grade_bench", str(spec), str(out)], cwd=root,
-                                  env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-            output = proc.stdout + proc.stderr
-            failure = None if proc.returncode == 0 else "\n".join(output.splitlines()[-10:])
-        except subprocess.TimeoutExpired:
-            output = failure = f"the timing process ran past {WORKER_TIMEOUT_S:.0f} s"
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+        # its lines (one per shape timed) shown as they come: the timing takes minutes
+        returncode, output = stream_process([sys.executable, "-m", "utils.grade_bench", str(spec), str(out)],
+                                            root, env, WORKER_TIMEOUT_S)
+        if returncode is None:
+            failure = f"the timing process ran past {WORKER_TIMEOUT_S:.0f} s"
+        else:
+            failure = None if returncode == 0 else "\n".join(output.splitlines()[-10:])
         result = json.loads(out.read_text()) if out.exists() else {"benchmarks": {}}
-    print(output.rstrip(), flush=True)
     return {**result, "failure": failure}
 
 
@@ -97,17 +98,20 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
     reference copy's rubric and tests; returns its report section."""
     rubric = load_rubric(rubric_path)
     name = rubric["phase"]
-    print(f"== {name}: tests", flush=True)
     correctness_spec = rubric["correctness"]
     official = official_ids(reference, correctness_spec["tests"], timeout_s, correctness_spec.get("select"))
     paths = list(dict.fromkeys([*correctness_spec["tests"], *lesson_paths]))
-    tests = outcome_records(official, run_pytest(tree, paths, timeout_s), gpu)
+    print(f"== {name}: tests ({len(official)} official, in {', '.join(map(str, paths))})", flush=True)
+    tests = outcome_records(official, run_pytest(tree, paths, timeout_s, echo=True), gpu)
     hidden = hidden_test_files(hidden_dir, name, single_phase) if hidden_dir else []
     if hidden:  # node ids relative to the hidden folder's parent, in the reference and in the tree alike
         options = {"importlib_mode": True, "rootdir": Path(hidden_dir).resolve().parent}
         hidden_ids = official_ids(reference, hidden, timeout_s, **options)
-        tests += outcome_records(hidden_ids, run_pytest(tree, hidden, timeout_s, **options), gpu, source="hidden")
+        print(f"== {name}: hidden tests ({len(hidden_ids)})", flush=True)
+        tests += outcome_records(hidden_ids, run_pytest(tree, hidden, timeout_s, echo=True, **options), gpu,
+                                 source="hidden")
     correctness = score_correctness(tests, rubric["correctness"]["points"])
+    print(f"== {name}: {correctness['passed']} of {correctness['total']} scored tests passed", flush=True)
 
     scripts = run_scripts(rubric["scripts"], tree) if rubric.get("scripts") else []
     measured, note = None, ""
@@ -313,9 +317,14 @@ def main(argv=None) -> int:
         print(f"No CUDA GPU visible: the speed and the GPU tests cannot be graded here, so no phase gets a score "
               f"({NO_GPU}). The tests that need no GPU run and are listed in the report.", flush=True)
     tree = reference if student == reference else assemble_tree(student, reference, tree_dir(reference, student))
-    sections = [grade_phase(path, tree, reference, gpu, args.hidden_tests, single_phase=not args.all,
-                            lesson_paths=lesson_tests(number), timeout_s=args.test_timeout)
-                for number, path in chosen.items()]
+    sections, start = [], time.perf_counter()
+    for n, (number, path) in enumerate(chosen.items(), 1):
+        spent = time.perf_counter() - start
+        left = remaining(n - 1, len(chosen), spent)
+        print(f"\n=== grade: phase {n} of {len(chosen)} ({path.parent.name}), {duration(spent)} so far"
+              f"{', ' + left if left else ''}", flush=True)
+        sections.append(grade_phase(path, tree, reference, gpu, args.hidden_tests, single_phase=not args.all,
+                                    lesson_paths=lesson_tests(number), timeout_s=args.test_timeout))
     report = build_report(sections, gpu, student, reference)
     json_path, md_path = write_report(report, args.out, "all" if args.all else sections[0]["phase"])
     for s in sections:

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from utils.grade_rubric import NO_GPU
+from utils.progress import stream_process
 
 STUDENT_SKIPS = ("test_*.py", "conftest.py", "rubric.json", "manifest.json", "results", "build", "__pycache__", "*.pyc")
 MESSAGE_CHARS = 2000
@@ -73,10 +74,11 @@ def assemble_tree(student: Path, reference: Path, dest: Path) -> Path:
 
 
 def run_pytest(tree: Path, paths: list, timeout_s: float, select: str | None = None, collect_only: bool = False,
-               importlib_mode: bool = False, rootdir: Path | None = None) -> dict:
+               importlib_mode: bool = False, rootdir: Path | None = None, echo: bool = False) -> dict:
     """pytest over paths (relative to tree, or absolute) with the grader's plugin, in tree; rootdir
     (default tree) is what node ids are relative to. Returns {"collected": [ids], "tests": {id: record},
-    "returncode", "seconds", "output_tail"}."""
+    "returncode", "seconds", "output_tail"}. echo: show pytest's progress lines as they come (its
+    dots and percentages, indented; utils.progress.stream_process) instead of keeping them."""
     tree = Path(tree)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         outcomes = Path(tmp) / "outcomes.json"
@@ -86,11 +88,16 @@ def run_pytest(tree: Path, paths: list, timeout_s: float, select: str | None = N
         cmd += ["--import-mode=importlib"] if importlib_mode else []
         env = {**os.environ, "PYTHONPATH": str(tree), "GRADE_OUTCOMES": str(outcomes)}
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
-            returncode, output = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired:
-            returncode, output = None, f"pytest ran past the {timeout_s:.0f} s limit and was stopped"
+        if echo:
+            returncode, output = stream_process(cmd, tree, env, timeout_s, prefix="    ")
+            if returncode is None:
+                output += f"\npytest ran past the {timeout_s:.0f} s limit and was stopped"
+        else:
+            try:
+                proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+                returncode, output = proc.returncode, proc.stdout + proc.stderr
+            except subprocess.TimeoutExpired:
+                returncode, output = None, f"pytest ran past the {timeout_s:.0f} s limit and was stopped"
         found = json.loads(outcomes.read_text()) if outcomes.exists() else {"collected": [], "tests": {}}
     return {**found, "returncode": returncode, "seconds": time.perf_counter() - start,
             "output_tail": "\n".join(output.splitlines()[-30:])}

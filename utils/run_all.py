@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tarfile
 import time
@@ -26,6 +25,7 @@ from typing import Callable
 
 from utils.build import REPO_ROOT, BuildSetupError, build_all, check_setup
 from utils.manifest import lessons
+from utils.progress import duration, stream_process
 
 LOG_DIR = REPO_ROOT / "build" / "logs"
 # The job in parts for GPU slots of about 10 minutes: each part builds first and runs the lessons
@@ -56,13 +56,8 @@ def run_logged(name: str, cmd: list[str]) -> bool:
     """Run cmd, streaming its output to the console and to build/logs/<name>.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     print(" ".join(cmd[1:]), flush=True)
-    with open(LOG_DIR / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-    return proc.wait() == 0
+    returncode, _ = stream_process(cmd, REPO_ROOT, dict(os.environ, PYTHONUNBUFFERED="1"), log=LOG_DIR / f"{name}.log")
+    return returncode == 0
 
 
 def python_step(name: str, *args: str) -> Step:
@@ -106,10 +101,13 @@ def plan(args: argparse.Namespace, gpu: bool) -> list[Step]:
 
 
 def run_steps(steps: list[Step]) -> list[tuple[str, bool, float]]:
-    """Run the steps in turn, each announced with its number and reported with its time."""
+    """Run the steps in turn, each announced with its number and the job's time so far, and
+    reported with its own time."""
     done = []
+    job_start = time.perf_counter()
     for i, (name, step) in enumerate(steps, 1):
-        print(f"\n=== step {i} of {len(steps)}: {name}", flush=True)
+        print(f"\n=== step {i} of {len(steps)}: {name} ({duration(time.perf_counter() - job_start)} into the job)",
+              flush=True)
         start = time.perf_counter()
         ok = step()
         seconds = time.perf_counter() - start

@@ -113,24 +113,3 @@ def test_build_all_shows_each_build_as_it_starts_and_finishes(monkeypatch, capsy
     assert len(started) == 2 and max(started) < fast < slow, out
     assert "[1/2" in lines[fast] and "[2/2]" in lines[slow]
 
-
-def test_progress_redraws_a_status_line_only_on_a_terminal():
-    import io
-
-    from utils.progress import Progress, remaining
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    log, terminal = io.StringIO(), Terminal()
-    for stream in (log, terminal):
-        progress = Progress(stream, every=0.0)
-        progress.status("running a")
-        progress.heartbeat("running b")
-        progress.line("a done")
-        progress.close()
-    assert log.getvalue() == "running b\na done\n"
-    assert terminal.getvalue().startswith("\rrunning a") and "\r" + " " * len("running b") + "\r" in terminal.getvalue()
-    assert terminal.getvalue().endswith("a done\n")
-    assert remaining(1, 4, 30.0) == "about 1 min 30 s left" and remaining(4, 4, 30.0) == ""
