@@ -34,6 +34,7 @@ Left out: the generator (this file, its test, the README template) and the instr
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -308,6 +309,21 @@ def pytest_runtest_makereport(item, call):
 '''
 
 
+COURSE_PYTHON_FILE = ".course-python"  # utils/env.sh reads it
+
+
+def share_environment(out: Path) -> None:
+    """Name this interpreter (the course's environment, which has torch and the rest) in the kit's
+    .course-python: utils/env.sh in the kit then runs with it instead of installing another .venv
+    of several GB. Where it no longer works (the kit moved to another machine), env.sh goes on to
+    its other choices. The file names a path of this machine, so the kit's git ignores it."""
+    (out / COURSE_PYTHON_FILE).write_text(os.path.abspath(sys.executable) + "\n")
+    gitignore = out / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
+    if f"/{COURSE_PYTHON_FILE}" not in lines:
+        gitignore.write_text("\n".join([*lines, f"/{COURSE_PYTHON_FILE}"]) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder to write the kit into (new or empty)")
@@ -317,9 +333,10 @@ def main(argv=None) -> int:
     except StudentKitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    share_environment(Path(args.out))
     files = sorted({t.path for t in todos})
     print(f"starter kit in {Path(args.out).resolve()}: {len(todos)} TODOs in {len(files)} files "
-          f"(listed in TODO.md)")
+          f"(listed in TODO.md); it runs with this interpreter, {sys.executable} (.course-python)")
     for path in files:
         print(f"  {path}: {sum(t.path == path for t in todos)}")
     return 0

@@ -332,3 +332,21 @@ def test_kit_lessons_fail_on_a_gpu_until_their_todos_are_done(kit):
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                *manifest["tests"]], cwd=out, capture_output=True, text=True)
         assert proc.returncode == 1 and "TODO(student)" in proc.stdout, f"{folder}:\n{proc.stdout[-3000:]}"
+
+
+def test_the_kit_runs_with_the_course_environment(tmp_path):
+    """`make student` names the course's interpreter in the kit's .course-python (ignored by the
+    kit's git): the kit's utils/env.sh picks it instead of installing another .venv."""
+    from utils.student import share_environment
+
+    (tmp_path / "utils").mkdir()
+    shutil.copy(REPO_ROOT / "utils" / "env.sh", tmp_path / "utils" / "env.sh")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    share_environment(tmp_path)
+    share_environment(tmp_path)  # once in the ignore list
+    assert (tmp_path / ".gitignore").read_text() == ".venv/\n/.course-python\n"
+    # (were the file passed over, the invalid COURSE_TORCH would stop the set-up before any install)
+    env = {**{k: v for k, v in os.environ.items() if k != "COURSE_PYTHON"}, "COURSE_TORCH": "none"}
+    proc = subprocess.run(["sh", str(tmp_path / "utils" / "env.sh")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.stdout.strip() == os.path.abspath(sys.executable) and not (tmp_path / ".venv").exists()
