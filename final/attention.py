@@ -129,16 +129,17 @@ def resolve_mode(mode: str, q, k=None, v=None, mask=None, stride=None) -> str:
     if k is not None and v is not None:
         check_attention_shapes(q, k, v, mask, stride)
     key = _signature(mode, q, stride)
+    if key is None:  # (traced code never reads the dict: no guard on its contents, no recompile)
+        return _resolve(mode, q, stride)
     try:
         resolved = _RESOLVED.get(key)
     except TypeError:  # an unhashable mode or stride: the full path names it
-        key = resolved = None
+        return _resolve(mode, q, stride)
     if resolved is None:
         resolved = _resolve(mode, q, stride)
-        if key is not None:
-            if len(_RESOLVED) >= _MAX_SIGNATURES:  # unbounded strides or head dims: start afresh
-                _RESOLVED.clear()
-            _RESOLVED[key] = resolved
+        if len(_RESOLVED) >= _MAX_SIGNATURES:  # unbounded strides or head dims: start afresh
+            _RESOLVED.clear()
+        _RESOLVED[key] = resolved
     return resolved
 
 
