@@ -360,12 +360,18 @@ def test_api_overhead_pipeline_on_cpu(monkeypatch, tmp_path):
     assert set(ao.MODE_DTYPES) == {m for m in MODES if A.MODE_INFO[m].cuda}
     for name in ("manifest.json", "README.md"):
         shutil.copy(ao.HERE / name, tmp_path / name)
-    write_results(tmp_path / "results" / "api_overhead.json", rows)
+    sdpa16 = next(r for r in rows if r["impl"] == "sdpa" and r["dtype"] == "float16")
+    fake = {**sdpa16, "impl": "cuda_attention_forward", "mode": "fused_tc", "host_us": sdpa16["host_us"] / 2}
+    write_results(tmp_path / "results" / "api_overhead.json", [*rows, fake])
     manifest = load_manifest(tmp_path)
-    render_tables({**manifest, "tables": [t for t in manifest["tables"] if t["name"] == "api_overhead"]})
-    table = (tmp_path / "README.md").read_text().split("<!-- table:api_overhead -->")[1].split("<!--")[0]
+    render_tables({**manifest, "tables": [t for t in manifest["tables"] if t["name"].startswith("api_overhead")]})
+    text = (tmp_path / "README.md").read_text()
+    table = text.split("<!-- table:api_overhead -->")[1].split("<!--")[0]
     assert "| sdpa | – | float32 |" in table and "1.00x" in table, table
-    assert json.loads((tmp_path / "results" / "api_overhead.json").read_text())["rows"] == json.loads(json.dumps(rows))
+    assert "| **cuda_attention_forward** | fused_tc | float16 |" in table and "2.00x" in table, table
+    targets = text.split("<!-- table:api_overhead_targets -->")[1].split("<!--")[0]
+    assert "| 2.00x | ≥ 1.00x | yes |" in targets and "| – | ≥ 1.00x | – |" in targets, targets  # FP32: no row here
+    assert len(json.loads((tmp_path / "results" / "api_overhead.json").read_text())["rows"]) == len(rows) + 1
 
 
 def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
