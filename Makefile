@@ -9,7 +9,7 @@ run:        ## on a GPU: build, run every lesson, redraw every table and plot; w
 test:       ## the whole test suite: CPU tests, every extension compiled, GPU tests where a GPU is
 	$(PY) -m pytest -q
 
-build:      ## build every extension in parallel, printing each build's time
+build:      ## build every extension in parallel, showing each build as it starts and finishes (with its time)
 	$(PY) -m utils.build --all
 
 sanitize:   ## compute-sanitizer memcheck and racecheck over every lesson's kernels (GPU)
