@@ -65,6 +65,7 @@ def run_worker(root: Path, benchmarks: list[dict], with_peers: bool, reps: int) 
                                             root, env, WORKER_TIMEOUT_S)
         if returncode is None:
             failure = f"the timing process ran past {WORKER_TIMEOUT_S:.0f} s"
+            print(f"  {failure} and was stopped", flush=True)
         else:
             failure = None if returncode == 0 else "\n".join(output.splitlines()[-10:])
         result = json.loads(out.read_text()) if out.exists() else {"benchmarks": {}}

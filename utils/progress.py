@@ -13,8 +13,6 @@ still shows it is alive.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -117,25 +115,14 @@ def stream_process(cmd: list[str], cwd: Path, env: dict | None = None, timeout: 
                    log: Path | None = None, prefix: str = "") -> tuple[int | None, str]:
     """Run cmd with its output (stdout and stderr together) echoed line by line as it comes, each
     line after `prefix`, and written to `log` if given. Returns (exit status, or None if it ran past
-    `timeout` seconds and was stopped; its whole output). The process runs in its own process group,
-    stopped whole (its children too) at the timeout or when this one is interrupted."""
+    `timeout` seconds and was killed; its whole output). The process stays in this one's process
+    group (a signal to the group, as `timeout` sends, reaches it); a thread reads its output, so
+    that the timeout holds even while a child it left behind keeps the pipe open."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
-    timed_out = threading.Event()
-
-    def stop() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    def expire() -> None:
-        timed_out.set()
-        stop()
-
-    timer = threading.Timer(timeout, expire) if timeout else None
+                            errors="replace")
     lines: list[str] = []
-    try:
-        if timer:
-            timer.start()
+
+    def pump() -> None:
         with open(log, "w") if log else contextlib.nullcontext() as handle:
             for line in proc.stdout:
                 lines.append(line)
@@ -143,11 +130,18 @@ def stream_process(cmd: list[str], cwd: Path, env: dict | None = None, timeout: 
                 sys.stdout.flush()
                 if handle:
                     handle.write(line)
-        returncode = proc.wait()
-    except BaseException:
-        stop()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5.0)
+        return None, "".join(lines)
+    except BaseException:  # interrupted: the child goes too
+        proc.kill()
         raise
-    finally:
-        if timer:
-            timer.cancel()
-    return (None if timed_out.is_set() else returncode), "".join(lines)
+    reader.join()
+    return returncode, "".join(lines)
