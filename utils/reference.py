@@ -83,6 +83,32 @@ def attention(
     return out, lse
 
 
+def attention_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    stride: int | None = None,
+    key_lengths: torch.Tensor | None = None,
+):
+    """(dq, dk, dv) in float64: autograd through attention()'s formula (the same bias, the same
+    zero output for fully masked rows, hence zero gradients there) with output gradient dout.
+    The mask gets no gradient."""
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    B, H, Sq, D = q64.shape
+    Sk = k64.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    with torch.enable_grad():
+        scores = scale * (q64 @ k64.transpose(-1, -2))
+        scores = scores + attention_bias(B, H, Sq, Sk, mask, is_causal, stride, key_lengths, q64.device)
+        row_max = scores.detach().amax(dim=-1, keepdim=True)
+        fully_masked = torch.isneginf(row_max)
+        p = torch.exp(scores - torch.where(fully_masked, 0.0, row_max))
+        p = p / torch.where(fully_masked, 1.0, p.sum(dim=-1, keepdim=True))
+        out = p @ v64
+        return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
+
+
 def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Row softmax in float64 whose fully -inf rows give zeros (not NaN)."""
     s = scores.detach().to(torch.float64)
