@@ -323,6 +323,28 @@ def test_repeated_calls_agree():
         assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2]), info
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_lse(dtype, causal):
+    """The forwards' lse (what the backward rebuilds P from) against torch.logsumexp in float64,
+    masks, padding and a fully masked row included (-inf exactly there)."""
+    B, H, Sq, Sk, D = 3, 2, 100, 130, 64
+    q, k, v, _, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    mask[..., 7, :] = float("-inf")
+    lengths = torch.tensor([Sk, 64, 0], device="cuda")
+    module = fp32 if dtype == torch.float32 else tc
+    _, lse = module.attention(q, k, v, mask=mask, is_causal=causal, key_lengths=lengths, return_lse=True)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+    scores = scores + reference.attention_bias(B, H, Sq, Sk, mask, causal, None, lengths, q.device)
+    ref = torch.logsumexp(scores, dim=-1)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), f"-inf rows differ {info}"
+    finite = torch.isfinite(ref)
+    err = (lse.double() - ref)[finite].abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref[finite].abs().max().item()), f"lse max abs error {err:.3e} {info}"
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input
 
