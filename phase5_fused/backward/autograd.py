@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from phase5_fused.backward import load
+from phase5_fused.backward import _aligned, load
 
 _REGISTERED: set[str] = set()
 
@@ -38,7 +38,7 @@ def _backward(ctx, grad_out, grad_lse, op_name):
     if lse.dim() != 3:
         raise RuntimeError("the forward ran without its logsumexp (return_lse=False): call it through "
                            "phase5_fused.fp32.attention, which asks for it when an input requires grad")
-    dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    dout = torch.zeros_like(out) if grad_out is None else _aligned(grad_out.contiguous())
     dlse = None if grad_lse is None else grad_lse.contiguous()
     dq, dk, dv = getattr(load(), op_name)(q, k, v, out, lse, dout, dlse, mask, ctx.is_causal, ctx.scale,
                                           ctx.stride, key_lengths)

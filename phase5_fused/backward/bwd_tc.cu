@@ -68,14 +68,25 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
   }
 }
 
-// The address lane `lane` gives to an ldmatrix.x4 of the 16 x 16 block at rows R..R+15, chunks C and
-// C+1 of a swizzled tile of kWidth elements per row: row R + lane % 16, chunk C + lane / 16. Matrices
-// 0-3 are then (rows R..R+7, chunk C), (R+8.., C), (R.., C+1), (R+8.., C+1).
-template <int kWidth, typename T>
-__device__ __forceinline__ uint32_t ldsm_addr(const T* tile, int R, int C, int lane) {
-  const int row = R + (lane & 15);
-  const int chunk = C + (lane >> 4);
-  return course::smem_u32(tile + row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8);
+// Every ldmatrix.x4 here uses one lane pattern (as in ../tensor_cores/tc_attention.cu): lane l gives
+// the address of row R + l % 16, chunk C + l / 16 of a swizzled tile of kWidth elements per row, so
+// matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1), (R+8.., C+1). R is a multiple of
+// 16 and C even, constants once the loops are unrolled; with lane_base = the tile's address of the
+// lane's own (l % 16, l / 16) element and G = the swizzle group (8 or 4 chunks), the address is
+//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * kWidth * 2
+// (rows are a multiple of G * 16 bytes): one register per tile, not one per unrolled ldmatrix.
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset(int lane) {
+  const int row = lane & 15;
+  const int chunk = lane >> 4;
+  return static_cast<uint32_t>((row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8) * 2);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
+  constexpr int kGroup = (kWidth / 8) % 8 == 0 ? 8 : 4;
+  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
+         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * kWidth * 2);
 }
 
 template <typename T, int D, bool kHasMask>
@@ -155,12 +166,17 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
   const int64_t warp_k0 = k0 + 16 * warp;
+  // ldmatrix lane addresses of the tiles (see ldsm_addr).
+  const uint32_t d_offset = lane_offset<D>(lane);
+  const uint32_t k_lane = course::smem_u32(sK) + d_offset;
+  const uint32_t v_lane = course::smem_u32(sV) + d_offset;
+  const uint32_t ds_lane = course::smem_u32(sdS) + lane_offset<kBr>(lane);
 
   for (int64_t step = 0; step < n_steps; ++step) {
     const int stage = static_cast<int>(step & 1);
     const int64_t q0 = (qb_first + step) * kBr;
-    const T* sQi = sQ + stage * kBr * D;
-    const T* sdOi = sdO + stage * kBr * D;
+    const uint32_t q_lane = course::smem_u32(sQ + stage * kBr * D) + d_offset;
+    const uint32_t o_lane = course::smem_u32(sdO + stage * kBr * D) + d_offset;
     const float* sLi = sL + stage * kBr;
     const float* sDi = sDelta + stage * kBr;
 
@@ -186,13 +202,13 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
-      tc::ldmatrix_x4(ak, ldsm_addr<D>(sK, 16 * warp, 2 * kk, lane));
-      tc::ldmatrix_x4(av, ldsm_addr<D>(sV, 16 * warp, 2 * kk, lane));
+      tc::ldmatrix_x4(ak, ldsm_addr<D>(k_lane, 16 * warp, 2 * kk));
+      tc::ldmatrix_x4(av, ldsm_addr<D>(v_lane, 16 * warp, 2 * kk));
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bq[4], bo[4];
-        tc::ldmatrix_x4(bq, ldsm_addr<D>(sQi, 16 * np, 2 * kk, lane));
-        tc::ldmatrix_x4(bo, ldsm_addr<D>(sdOi, 16 * np, 2 * kk, lane));
+        tc::ldmatrix_x4(bq, ldsm_addr<D>(q_lane, 16 * np, 2 * kk));
+        tc::ldmatrix_x4(bo, ldsm_addr<D>(o_lane, 16 * np, 2 * kk));
         tc::mma_16816<T>(s[2 * np], ak, bq[0], bq[2]);
         tc::mma_16816<T>(s[2 * np + 1], ak, bq[1], bq[3]);
         tc::mma_16816<T>(dp[2 * np], av, bo[0], bo[2]);
@@ -248,8 +264,8 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #pragma unroll
       for (int dn2 = 0; dn2 < D / 16; ++dn2) {
         uint32_t bo[4], bq[4];
-        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(sdOi, 16 * kk, 2 * dn2, lane));
-        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(sQi, 16 * kk, 2 * dn2, lane));
+        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(o_lane, 16 * kk, 2 * dn2));
+        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(q_lane, 16 * kk, 2 * dn2));
         tc::mma_16816<T>(dv[2 * dn2], pa, bo[0], bo[1]);
         tc::mma_16816<T>(dv[2 * dn2 + 1], pa, bo[2], bo[3]);
         tc::mma_16816<T>(dk[2 * dn2], da, bq[0], bq[1]);
@@ -278,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t m[4];
-        tc::ldmatrix_x4_trans(m, ldsm_addr<kBr>(sdS, 16 * kk, 2 * rg, lane));
+        tc::ldmatrix_x4_trans(m, ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
         a[kk][0] = m[0];
         a[kk][1] = m[2];
         a[kk][2] = m[1];
@@ -292,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
           uint32_t bk[4];
-          tc::ldmatrix_x4_trans(bk, ldsm_addr<D>(sK, 16 * kk, chunk, lane));
+          tc::ldmatrix_x4_trans(bk, ldsm_addr<D>(k_lane, 16 * kk, chunk));
           tc::mma_16816<T>(acc[0], a[kk], bk[0], bk[1]);
           tc::mma_16816<T>(acc[1], a[kk], bk[2], bk[3]);
         }
