@@ -50,8 +50,13 @@ load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor."""
-    return x if torch.compiler.is_compiling() or x.data_ptr() % 16 == 0 else x.clone()
+    """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor (traced
+    tensors, which have no data pointer, are left alone)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if torch.compiler.is_compiling() or is_fake(x):
+        return x
+    return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
