@@ -31,6 +31,9 @@ from utils.checks import check_attention_inputs, check_cuda_tensor
 NAME = "phase5_fused_bwd"
 SOURCES = ["bwd_ops.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Tile configurations of each dtype's kernel (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
+# Bc = 128); variant 0 is the default, the one autograd runs.
+VARIANTS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
 # The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
 OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",
        torch.bfloat16: "attention_backward_tc"}
@@ -39,7 +42,7 @@ OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backw
 def _register_fakes() -> None:
     """Meta implementations, so torch.compile can trace a backward through the ops."""
 
-    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths):
+    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=0):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     for name in set(OPS.values()):
@@ -60,9 +63,10 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
-                       key_lengths=None, dlse=None):
+                       key_lengths=None, dlse=None, variant=0):
     """(dq, dk, dv) of softmax(scale q k^T + mask) v, from the forward's out and lse (see the module
-    docstring). Non-contiguous inputs are copied."""
+    docstring). Non-contiguous inputs are copied. variant: the kernel's tile configuration
+    (VARIANTS; run.py compares them)."""
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
         scale=scale)
@@ -78,10 +82,12 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
             raise ValueError(f"{name} must be [B, H, Sq] = {[B, H, Sq]}, got {tuple(x.shape)}")
     if q.dtype != torch.float32 and stride not in (None, 1):
         raise ValueError(f"stride is supported in float32 only (the tensor-core forward has none), got {stride!r}")
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
+        raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     if q.dtype != torch.float32:
         q, k, v, dout = _aligned(q), _aligned(k), _aligned(v), _aligned(dout)
     op = getattr(load(), OPS[q.dtype])
     return op(q, k, v, out, lse, dout, dlse, mask, is_causal, None if scale is None else float(scale),
-              1 if stride is None else stride, key_lengths)
+              1 if stride is None else stride, key_lengths, variant)

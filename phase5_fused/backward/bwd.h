@@ -36,6 +36,7 @@ void launch_preprocess(const void* out, const void* dout, const float* dlse, flo
 
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
-void launch_tc_backward(const BwdParams& p, int D, DType dtype, cudaStream_t stream);
+// variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.
+void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
 
 }  // namespace phase5_bwd

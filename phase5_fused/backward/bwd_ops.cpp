@@ -1,9 +1,9 @@
 // Phase 5 backward ops (namespace phase5_fused_bwd): validation that names the argument, then the
 // preprocessing (D_i) and the backward kernel on the current CUDA stream.
-//   attention_backward_fp32(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths)
-//       -> (dq, dk, dv)   float32; bwd_fp32.cu
-//   attention_backward_tc(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths)
-//       -> (dq, dk, dv)   float16 / bfloat16 (stride must be 1); bwd_tc.cu
+//   attention_backward_fp32(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
+//       variant) -> (dq, dk, dv)   float32; bwd_fp32.cu (variant must be 0)
+//   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
+//       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128)
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. The head dims are the forwards' own lists.
 #include <ATen/ATen.h>
@@ -133,8 +133,10 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                               const c10::optional<at::Tensor>& dlse, const c10::optional<at::Tensor>& mask,
                               bool is_causal, c10::optional<double> scale, int64_t stride,
-                              const c10::optional<at::Tensor>& key_lengths) {
+                              const c10::optional<at::Tensor>& key_lengths,
+                              int64_t variant) {
   const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(variant == 0, "variant must be 0 for the FP32 backward (one tile configuration), got ", variant);
   Prepared prep = prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, false);
   phase5_bwd::launch_fp32_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
   return {prep.dq, prep.dk, prep.dv};
@@ -144,12 +146,15 @@ Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                             const c10::optional<at::Tensor>& dlse, const c10::optional<at::Tensor>& mask,
                             bool is_causal, c10::optional<double> scale, int64_t stride,
-                            const c10::optional<at::Tensor>& key_lengths) {
+                            const c10::optional<at::Tensor>& key_lengths,
+                            int64_t variant) {
+  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 or 1 for the tensor-core backward, got ", variant);
   const c10::cuda::CUDAGuard guard(q.device());
   Prepared prep = prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, true);
   const phase5_bwd::DType kind =
       q.scalar_type() == at::kHalf ? phase5_bwd::DType::kHalf : phase5_bwd::DType::kBFloat16;
-  phase5_bwd::launch_tc_backward(prep.params, prep.D, kind, c10::cuda::getCurrentCUDAStream());
+  phase5_bwd::launch_tc_backward(prep.params, prep.D, kind, static_cast<int>(variant),
+                                 c10::cuda::getCurrentCUDAStream());
   // The FP32 dQ, converted once at the end.
   return {prep.dq.to(q.scalar_type()), prep.dk, prep.dv};
 }
@@ -160,7 +165,7 @@ TORCH_LIBRARY(phase5_fused_bwd, m) {
   for (const char* name : {"attention_backward_fp32", "attention_backward_tc"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, Tensor? mask, "
-        "bool is_causal, float? scale, int stride, Tensor? key_lengths) -> (Tensor, Tensor, Tensor)";
+        "bool is_causal, float? scale, int stride, Tensor? key_lengths, int variant=0) -> (Tensor, Tensor, Tensor)";
     m.def(schema.c_str());
   }
 }

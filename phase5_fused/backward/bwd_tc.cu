@@ -3,16 +3,16 @@
 // the same algorithm, the same loop order, the same ownership; here every product is a warp's
 // mma.sync m16n8k16 with FP32 accumulators.
 //
-// One thread block per (key block j of Bc = 64 keys, batch*head); 4 warps, and warp w owns the 16
-// keys 16w..16w+15 of the block: it keeps their dK, dV (16 x D, FP32) in registers for the whole
-// loop. Per query block i (Br rows, Q_i and dO_i streamed through a 2-stage cp.async ring):
+// One thread block per (key block j of Bc keys, batch*head); warp w owns the 16 keys 16w..16w+15
+// of the block (Bc = 64 with 4 warps, the default; 128 with 8, variant 1): it keeps their dK, dV
+// (16 x D, FP32) in registers for the whole loop. Per query block i (Br rows, Q_i and dO_i streamed through a 2-stage cp.async ring):
 //   S^T  = K_w Q_i^T      16 x Br per warp   (the transposed scores: keys are the warp's rows)
 //   dP^T = V_w dO_i^T     16 x Br
 //   P^T  = exp(S^T - L),  dS^T = P^T * (dP^T - D)   elementwise on the accumulators, FP32
 //   dV_w += P^T dO_i      P^T's accumulators are the A operand as they stand (rounded to T)
 //   dK_w += dS^T Q_i      likewise dS^T
 //   dS^T -> shared memory (T); barrier
-//   dQ_i += dS K_j        contracts over all Bc keys, the 4 warps' rows: each warp takes a slice of
+//   dQ_i += dS K_j        contracts over all Bc keys, every warp's rows: each warp takes a slice of
 //                         dQ_i's rows (and columns) and adds it to the FP32 dQ with atomicAdd
 // Working with S^T (keys as rows) is what lets P and dS feed the dV and dK products straight from
 // registers, as P feeds P V in the forward kernel; only dQ needs dS through shared memory.
@@ -36,28 +36,28 @@
 namespace phase5_bwd {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * course::kWarpSize;
-constexpr int kBc = 16 * kWarps;  // keys per block: 16 per warp (one m16 tile)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Query rows per step. D = 128 keeps 32: the warp's dK, dV (2 x 64 FP32 registers per thread) and
-// its S^T, dP^T (2 x Br/2) must fit in 255 registers.
-template <int D>
+// One tile configuration: kWarps warps, each owning 16 keys (one m16 tile), so Bc = 16 kWarps keys
+// per block; Br query rows per step. Br = 32 where D >= 96 with 4 warps and at D = 128: the warp's
+// dK, dV (2 x D/2 FP32 registers per thread) and its S^T, dP^T tiles (2 x Br/2) must fit in 255.
+//   variant 0: 4 warps, Bc = 64, two blocks per SM (the default)
+//   variant 1: 8 warps, Bc = 128, one block per SM: half the dQ atomics, and each Q_i, dO_i tile
+//              loaded once for twice the keys (FlashAttention-2's Bc); run.py compares the two.
+template <int D_, int kWarps_>
 struct BwdTile {
-  static constexpr int kBr = D <= 64 ? 64 : 32;
+  static constexpr int D = D_, kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * course::kWarpSize;
+  static constexpr int kBc = 16 * kWarps;
+  static constexpr int kBr = D <= 64 || (kWarps == 8 && D == 96) ? 64 : 32;
+  static constexpr int kMinBlocks = kWarps == 4 ? 2 : 1;
+  // K_j, V_j; Q_i, dO_i in 2 stages; dS^T (elements of 2 bytes); L_i, D_i in 2 stages (FP32).
+  static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * 2 + 4 * kBr * 4;
 };
-
-template <int D, typename T>
-constexpr int smem_bytes() {
-  constexpr int kBr = BwdTile<D>::kBr;
-  // K_j, V_j; Q_i, dO_i in 2 stages; dS^T; L_i, D_i in 2 stages (FP32).
-  return (2 * kBc * D + 4 * kBr * D + kBc * kBr) * static_cast<int>(sizeof(T)) + 4 * kBr * 4;
-}
 
 // Rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with cp.async;
 // rows at or beyond row_limit are zero-filled, never read.
-template <typename T, int D, int kRows>
+template <typename T, int D, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit) {
   constexpr int kChunks = D / 8;
   for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
@@ -89,12 +89,12 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) 
          static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * kWidth * 2);
 }
 
-template <typename T, int D, bool kHasMask>
-__global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParams p) {
+template <typename T, typename Cfg, bool kHasMask>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
 #else
-  constexpr int kBr = BwdTile<D>::kBr;
+  constexpr int D = Cfg::D, kWarps = Cfg::kWarps, kThreads = Cfg::kThreads, kBc = Cfg::kBc, kBr = Cfg::kBr;
   constexpr int kN = kBr / 8;    // n8 tiles of S^T (queries)
   constexpr int kDn = D / 8;     // n8 tiles of dK, dV (head dim)
   // dQ_i: warp w takes query rows 16 (w % kRowGroups).. and head columns (w / kRowGroups) * kDc..
@@ -151,10 +151,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 
   // Prologue: K_j, V_j (padding keys zero-filled) and the first Q_i, dO_i in one group.
   if (n_steps > 0) {
-    load_tile<T, D, kBc>(sK, K, k0, kv_len);
-    load_tile<T, D, kBc>(sV, V, k0, kv_len);
-    load_tile<T, D, kBr>(sQ, Q, qb_first * kBr, p.Sq);
-    load_tile<T, D, kBr>(sdO, dO, qb_first * kBr, p.Sq);
+    load_tile<T, D, kBc, kThreads>(sK, K, k0, kv_len);
+    load_tile<T, D, kBc, kThreads>(sV, V, k0, kv_len);
+    load_tile<T, D, kBr, kThreads>(sQ, Q, qb_first * kBr, p.Sq);
+    load_tile<T, D, kBr, kThreads>(sdO, dO, qb_first * kBr, p.Sq);
     stage_stat(0, row_stat(qb_first));
   }
   course::cp_async_commit();
@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
     const bool prefetch = step + 1 < n_steps;
     float next_stat = 0.0f;
     if (prefetch) {
-      load_tile<T, D, kBr>(sQ + (stage ^ 1) * kBr * D, Q, q0 + kBr, p.Sq);
-      load_tile<T, D, kBr>(sdO + (stage ^ 1) * kBr * D, dO, q0 + kBr, p.Sq);
+      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, Q, q0 + kBr, p.Sq);
+      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, dO, q0 + kBr, p.Sq);
       next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
     }
     course::cp_async_commit();
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
       }
     }
 
-    // Step 4: dS^T to shared memory, the warp's 16 key rows, rounded to T: dQ needs all 64 keys.
+    // Step 4: dS^T to shared memory, the warp's 16 key rows, rounded to T: dQ needs all Bc keys.
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
@@ -352,51 +352,52 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(const BwdParam
 #endif
 }
 
-template <typename T, int D, bool kHasMask>
+template <typename T, typename Cfg, bool kHasMask>
 void launch(const BwdParams& p, cudaStream_t stream) {
-  constexpr int smem = smem_bytes<D, T>();
-  auto* kernel = tc_backward_kernel<T, D, kHasMask>;
+  auto* kernel = tc_backward_kernel<T, Cfg, kHasMask>;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TORCH_CHECK(major >= 8, "the tensor-core attention backward needs compute capability 8.0 or newer "
               "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t blocks = course::ceil_div<int64_t>(p.Sk, kBc) * p.B * p.H;
-  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", kBc, ")) for one grid");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::kBc) * p.B * p.H;
+  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::kBc, ")) for one grid");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int D>
-void launch_for_mask(const BwdParams& p, cudaStream_t stream) {
-  if (p.masking.mask.kind == course::MaskKind::kNone) {
-    launch<T, D, false>(p, stream);
+void launch_for_variant(const BwdParams& p, int variant, cudaStream_t stream) {
+  const bool masked = p.masking.mask.kind != course::MaskKind::kNone;
+  if (variant == 0) {
+    masked ? launch<T, BwdTile<D, 4>, true>(p, stream) : launch<T, BwdTile<D, 4>, false>(p, stream);
   } else {
-    launch<T, D, true>(p, stream);
+    masked ? launch<T, BwdTile<D, 8>, true>(p, stream) : launch<T, BwdTile<D, 8>, false>(p, stream);
   }
 }
 
 template <typename T>
-void launch_for_d(const BwdParams& p, int D, cudaStream_t stream) {
+void launch_for_d(const BwdParams& p, int D, int variant, cudaStream_t stream) {
   switch (D) {
-    case 32: return launch_for_mask<T, 32>(p, stream);
-    case 64: return launch_for_mask<T, 64>(p, stream);
-    case 96: return launch_for_mask<T, 96>(p, stream);
-    case 128: return launch_for_mask<T, 128>(p, stream);
+    case 32: return launch_for_variant<T, 32>(p, variant, stream);
+    case 64: return launch_for_variant<T, 64>(p, variant, stream);
+    case 96: return launch_for_variant<T, 96>(p, variant, stream);
+    case 128: return launch_for_variant<T, 128>(p, variant, stream);
     default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
   }
 }
 
 }  // namespace
 
-void launch_tc_backward(const BwdParams& p, int D, DType dtype, cudaStream_t stream) {
+void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream) {
   TORCH_CHECK(dtype == DType::kHalf || dtype == DType::kBFloat16, "q must be float16 or bfloat16");
+  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 or 1, got ", variant);
   if (dtype == DType::kBFloat16) {
-    launch_for_d<__nv_bfloat16>(p, D, stream);
+    launch_for_d<__nv_bfloat16>(p, D, variant, stream);
   } else {
-    launch_for_d<__half>(p, D, stream);
+    launch_for_d<__half>(p, D, variant, stream);
   }
 }
 

@@ -10,6 +10,9 @@
    dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K) are 5 x 2 Sq Sk D per head against the
    forward's 2 x 2 Sq Sk D: 10 B H Sq Sk D, halved for causal. GB/s counts the minimum traffic:
    q, k, v, O, dO read once, dq, dk, dv written once (8 B H S D elements).
+   At S=4096 the tensor-core kernel's two tile configurations (bwd_tc.cu: variant 0, 4 warps and
+   Bc = 64, the default; variant 1, 8 warps and Bc = 128) are also timed by calling the backward op
+   directly on the saved out and lse: rows phase5_fused_bwd_tc_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. results/metrics.json, then the tables manifest.json declares (utils.render).
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from phase5_fused import fp32, tensor_cores
+from phase5_fused import backward, fp32, tensor_cores
 from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
@@ -33,6 +36,7 @@ HEAD_DIMS = (64, 128)
 SEQ_LENS = (1024, 4096)
 QUICK_SEQ_LENS = (1024,)
 REFERENCE_S = 1024  # rel_err only here
+VARIANT_S = 4096  # the tensor-core variants are compared here
 BACKWARD_FLOP_FACTOR = 2.5
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
 IMPLS = [("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
@@ -58,8 +62,9 @@ def make_inputs(S, D, dtype, seed):
     return [t.requires_grad_() for t in (q, k, v)], dout
 
 
-def backward_row(impl, forward, leaves, dout, causal, refs):
-    """Time the backward of one saved forward, as a results row (None when the impl refuses)."""
+def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
+    """Time the backward of one saved forward, as a results row (None when the impl refuses).
+    With a variant, the timed call is the tensor-core backward op itself, on the saved out and lse."""
     from utils import roofline
     from utils.bench import peak_extra_mb, time_cuda
     from utils.testing import rel_error
@@ -67,8 +72,14 @@ def backward_row(impl, forward, leaves, dout, causal, refs):
     q, k, v = leaves
     _, _, S, D = q.shape
     try:
-        out = forward(q, k, v, causal)
-        grad = lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
+        if variant is None:
+            out = forward(q, k, v, causal)
+            grad = lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
+        else:
+            with torch.no_grad():
+                out, lse = tensor_cores.attention(q, k, v, is_causal=causal, return_lse=True)
+            grad = lambda: backward.attention_backward(q, k, v, out, lse, dout, is_causal=causal,  # noqa: E731
+                                                       variant=variant)
         grads = grad()
     except (RuntimeError, ValueError, TypeError) as exc:
         print(f"    {impl}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
@@ -79,6 +90,8 @@ def backward_row(impl, forward, leaves, dout, causal, refs):
     row = {"impl": impl, "op": "attention_backward", "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
            "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
            "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms), "extra_mb": peak_extra_mb(grad)}
+    if variant is not None:
+        row["variant"] = variant
     if refs is not None:
         row["rel_err"] = max(rel_error(g.nan_to_num(0.0), r) for g, r in zip(grads, refs))
     del out
@@ -102,6 +115,10 @@ def benchmark(seq_lens) -> list[dict]:
                 if impl_dtype == dtype:
                     rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal,
                                              refs if S <= REFERENCE_S else None))
+            if dtype == torch.float16 and S == VARIANT_S:
+                for variant in range(backward.VARIANTS[dtype]):
+                    rows.append(backward_row(f"phase5_fused_bwd_tc_v{variant}", None, leaves, dout, causal, None,
+                                             variant=variant))
             del leaves, dout, refs
             refs = None
             torch.cuda.empty_cache()

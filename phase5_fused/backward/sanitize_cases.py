@@ -2,8 +2,9 @@
 float64 reference gradients; run under compute-sanitizer by `python -m utils.sanitize
 phase5_fused.backward` (memcheck + racecheck).
 
-Sizes: Sq = 17, Sk = 70 (neither a multiple of any tile, Sq != Sk), one batch with a key length
-inside a block and one with none; causal, and the mask path with a fully masked row.
+Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one batch with a key length
+inside a block and one with none; causal, and the mask path with a fully masked row; every tile
+configuration (variant) of the tensor-core kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU visible: nothing to sanitize")
         return 0
-    B, H, Sq, Sk = 3, 2, 17, 70
+    B, H, Sq, Sk = 3, 2, 17, 150
     lengths = torch.tensor([Sk, 33, 0], device="cuda", dtype=torch.int32)
     cases = 0
     for dtype, module in ((torch.float32, fp32), (torch.float16, tc), (torch.bfloat16, tc)):
@@ -36,12 +37,13 @@ def main() -> int:
             for m, causal in ((None, True), (mask, False)):
                 kw = {"mask": m, "is_causal": causal, "key_lengths": lengths}
                 out, lse = module.attention(q, k, v, return_lse=True, **kw)
-                grads = backward.attention_backward(q, k, v, out, lse, dout, **kw)
                 refs = reference.attention_grads(q, k, v, dout, **kw)
-                for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
-                    assert_close(got, want, dtype=dtype, rel_tol=TOL[dtype],
-                                 what=f"{name} {dtype} D={D} causal={causal} mask={m is not None}")
-                cases += 1
+                for variant in range(backward.VARIANTS[dtype]):
+                    grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+                    for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
+                        assert_close(got, want, dtype=dtype, rel_tol=TOL[dtype],
+                                     what=f"{name} {dtype} D={D} causal={causal} mask={m is not None} v{variant}")
+                    cases += 1
     torch.cuda.synchronize()
     print(f"attention backward: {cases} kernel instantiations correct")
     return 0

@@ -261,6 +261,28 @@ def test_direct_call_matches_autograd(dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tc_variants(D, dtype, causal):
+    """Every tile configuration of the tensor-core kernel (8 warps, Bc = 128 too): two key blocks,
+    a tail, a mask with a fully masked row, padding."""
+    B, H, Sq, Sk = 3, 2, 150, 300
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    lengths = torch.tensor([Sk, 140, 0], device="cuda")
+    kw = {"mask": mask, "is_causal": causal, "key_lengths": lengths}
+    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    peers = sdpa_grads(q, k, v, dout, **kw)
+    for variant in range(backward.VARIANTS[dtype]):
+        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+        check_tc(grads, refs, peers, f"{info} variant {variant}")
+        assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
 def test_gradient_through_lse(dtype):
     """A loss that uses lse too: d lse_i / d S_ij = P_ij, folded into D_i."""
@@ -384,6 +406,8 @@ def test_bad_inputs_named():
     with pytest.raises(ValueError, match="stride is supported in float32 only"):
         h = [t.half() for t in (q, k, v, out, dout)]
         backward.attention_backward(h[0], h[1], h[2], h[3], lse, h[4], stride=2)
+    with pytest.raises(ValueError, match="variant must be in"):
+        backward.attention_backward(q, k, v, out, lse, dout, variant=1)
     with pytest.raises(ValueError, match="mask"):
         backward.attention_backward(q, k, v, out, lse, dout, mask=torch.ones(3, 16, 24, dtype=torch.bool,
                                                                                  device="cuda"))
@@ -412,6 +436,10 @@ def test_op_checks_name_the_argument():
         ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
     with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
         ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
+    with pytest.raises(RuntimeError, match="variant must be 0"):
+        ops.attention_backward_fp32(q, k, v, out, lse, dout, *args, 1)
+    with pytest.raises(RuntimeError, match="variant must be 0 or 1"):
+        ops.attention_backward_tc(*(t.half() for t in (q, k, v, out)), lse, dout.half(), *args, 2)
 
 
 @requires_gpu
