@@ -62,24 +62,28 @@ def make_inputs(S, D, dtype, seed):
     return [t.requires_grad_() for t in (q, k, v)], dout
 
 
+def backward_call(forward, leaves, dout, causal, variant):
+    """The timed call: autograd's backward of one saved forward, or, with a variant, the tensor-core
+    backward op itself on the saved out and lse."""
+    q, k, v = leaves
+    if variant is None:
+        out = forward(q, k, v, causal)
+        return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    with torch.no_grad():
+        out, lse = tensor_cores.attention(q, k, v, is_causal=causal, return_lse=True)
+    return lambda: backward.attention_backward(q, k, v, out, lse, dout, is_causal=causal, variant=variant)
+
+
 def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
-    """Time the backward of one saved forward, as a results row (None when the impl refuses).
-    With a variant, the timed call is the tensor-core backward op itself, on the saved out and lse."""
+    """Time the backward of one saved forward, as a results row (None when the impl refuses)."""
     from utils import roofline
     from utils.bench import peak_extra_mb, time_cuda
     from utils.testing import rel_error
 
-    q, k, v = leaves
+    q = leaves[0]
     _, _, S, D = q.shape
     try:
-        if variant is None:
-            out = forward(q, k, v, causal)
-            grad = lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
-        else:
-            with torch.no_grad():
-                out, lse = tensor_cores.attention(q, k, v, is_causal=causal, return_lse=True)
-            grad = lambda: backward.attention_backward(q, k, v, out, lse, dout, is_causal=causal,  # noqa: E731
-                                                       variant=variant)
+        grad = backward_call(forward, leaves, dout, causal, variant)
         grads = grad()
     except (RuntimeError, ValueError, TypeError) as exc:
         print(f"    {impl}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
@@ -94,7 +98,6 @@ def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
         row["variant"] = variant
     if refs is not None:
         row["rel_err"] = max(rel_error(g.nan_to_num(0.0), r) for g, r in zip(grads, refs))
-    del out
     return row
 
 
@@ -106,21 +109,19 @@ def benchmark(seq_lens) -> list[dict]:
 
     def run_config(c):
         S, D, causal = c["S"], c["D"], c["causal"]
-        rows, refs = [], None
+        rows = []
         for dtype in (torch.float16, torch.float32):
             leaves, dout = make_inputs(S, D, dtype, seed=S * 1000 + D * 10 + causal)
-            if S <= REFERENCE_S:  # one float64 reference per dtype's inputs
-                refs = reference.attention_grads(*leaves, dout, is_causal=causal)
+            # One float64 reference per dtype's inputs, at small S only.
+            refs = reference.attention_grads(*leaves, dout, is_causal=causal) if S <= REFERENCE_S else None
             for impl, impl_dtype, fwd in IMPLS:
                 if impl_dtype == dtype:
-                    rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal,
-                                             refs if S <= REFERENCE_S else None))
+                    rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, refs))
             if dtype == torch.float16 and S == VARIANT_S:
                 for variant in range(backward.VARIANTS[dtype]):
                     rows.append(backward_row(f"phase5_fused_bwd_tc_v{variant}", None, leaves, dout, causal, None,
                                              variant=variant))
             del leaves, dout, refs
-            refs = None
             torch.cuda.empty_cache()
         return [r for r in rows if r is not None]
 

@@ -2,9 +2,9 @@
 float64 reference gradients; run under compute-sanitizer by `python -m utils.sanitize
 phase5_fused.backward` (memcheck + racecheck).
 
-Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one batch with a key length
-inside a block and one with none; causal, and the mask path with a fully masked row; every tile
-configuration (variant) of the tensor-core kernel.
+Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one
+batch with a key length inside a block and one with none; causal, and the mask path with a fully
+masked row; every tile configuration (variant) of the tensor-core kernel.
 """
 
 from __future__ import annotations
