@@ -16,9 +16,10 @@
 //     up to 512 elements) or a block, like the forward, the row held in registers.
 //   - dgamma / dbeta need sums down each column, over every row. Each team walks many rows
 //     (row = team, team + teams, ...), always holding the same columns, so it adds its rows' dy * xhat
-//     and dy into registers; at the end it writes one row of partial sums (pass 1). A second
-//     kernel adds the `teams` partial rows of each column (pass 2). No atomics: the order of every
-//     sum is fixed, so dgamma and dbeta are the same bits on every run.
+//     and dy into registers; at the end each block writes one row of partial sums (the warps of a
+//     block add theirs in shared memory first) (pass 1). A second kernel adds the partial rows of
+//     each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and dbeta are
+//     the same bits on every run.
 //
 // Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
 // a pointer is not 16-byte aligned):
@@ -57,7 +58,7 @@ __device__ __forceinline__ float team_sum(float v, float* scratch) {
   else return course::block_reduce_sum(v, scratch);
 }
 
-// Versions 1 and 2. partial_dgamma / partial_dbeta: [teams, hidden] FP32, or nullptr (no
+// Versions 1 and 2. partial_dgamma / partial_dbeta: [gridDim.x, hidden] FP32, or nullptr (no
 // parameter gradients); gamma, dsum may be nullptr.
 template <typename T, int VEC, bool kWarpPerRow>
 __global__ void __launch_bounds__(kWarpPerRow ? kWarpTeamsPerBlock * course::kWarpSize : kMaxBlockThreads)
@@ -152,17 +153,47 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     }
   }
 
-  // Step 4 (pass 1 of dgamma / dbeta): this team's row of column partial sums. A team without
+  // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. A block without
   // rows writes zeros, so pass 2 may add every row of the buffer.
-  if (partial_dgamma == nullptr) return;
+  if (partial_dgamma == nullptr) return;  // uniform over the grid
+  float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
+  float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
+  if constexpr (kWarpPerRow) {
+    // The block's warps hold the same columns: their sums meet in shared memory, added in warp order.
+    __shared__ float cols[2][kWarpTeamsPerBlock][kRowElems * course::kWarpSize];
+    const int warp = threadIdx.x / course::kWarpSize;
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-    if (c < chunks) {
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        partial_dgamma[team * hidden + c * VEC + e] = acc_dgamma[i][e];
-        partial_dbeta[team * hidden + c * VEC + e] = acc_dbeta[i][e];
+        for (int e = 0; e < VEC; ++e) {
+          cols[0][warp][c * VEC + e] = acc_dgamma[i][e];
+          cols[1][warp][c * VEC + e] = acc_dbeta[i][e];
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < hidden; col += blockDim.x) {
+      float g = 0.0f, b = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpTeamsPerBlock; ++w) {
+        g += cols[0][w][col];
+        b += cols[1][w][col];
+      }
+      pg[col] = g;
+      pb[col] = b;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          pg[c * VEC + e] = acc_dgamma[i][e];
+          pb[c * VEC + e] = acc_dbeta[i][e];
+        }
       }
     }
   }
@@ -247,18 +278,18 @@ ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, 
   }
 }
 
-// Pass 2 of dgamma / dbeta: column c of the [teams, hidden] partials summed, 16 partial rows at a
+// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed, 16 partial rows at a
 // time per thread (threadIdx.y), then those 16 sums added in shared memory; a fixed order.
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
-                       int64_t teams, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
+                       int64_t partial_rows, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
-    for (int64_t t = threadIdx.y; t < teams; t += kReduceRows) {
+    for (int64_t t = threadIdx.y; t < partial_rows; t += kReduceRows) {
       g += partial_dgamma[t * hidden + col];
       b += partial_dbeta[t * hidden + col];
     }
@@ -277,7 +308,7 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
 }
 
 // ------------------------------------------------------------------------------------------------
-// Host side: one plan decides the version, the chunk width and the number of teams, so that the
+// Host side: one plan decides the version, the chunk width and the grid (one partial row per block), so that the
 // op can size the partials buffer before the launch.
 
 enum class Version { kWarp, kBlock, kStreaming };
@@ -287,7 +318,7 @@ struct Plan {
   bool vec;         // 16-byte chunks
   int threads;      // per block
   int64_t blocks;
-  int64_t teams;    // rows of partial sums
+  int64_t partial_rows;  // rows of partial sums: one per block
 };
 
 int sm_count() {
@@ -311,17 +342,17 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     p.threads = kWarpTeamsPerBlock * course::kWarpSize;
     p.blocks = std::min(course::ceil_div<int64_t>(rows, kWarpTeamsPerBlock),
                         course::ceil_div<int64_t>(warps_in_flight, kWarpTeamsPerBlock));
-    p.teams = p.blocks * kWarpTeamsPerBlock;
+    p.partial_rows = p.blocks;
   } else if (hidden <= kRowElems * kMaxBlockThreads) {
     p.version = Version::kBlock;
     p.threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
     p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (p.threads / warp)));
-    p.teams = p.blocks;
+    p.partial_rows = p.blocks;
   } else {
     p.version = Version::kStreaming;
     p.threads = kStreamingThreads;
     p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (kStreamingThreads / warp)));
-    p.teams = p.blocks;
+    p.partial_rows = p.blocks;
   }
   return p;
 }
@@ -348,9 +379,10 @@ void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, cons
 
 template <typename T>
 void launch_typed(const void* dy, const void* s, const void* gamma, const void* dsum, void* ds, float* pg, float* pb,
-                  int64_t teams, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+                  int64_t partial_rows, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   const Plan p = make_plan<T>(dy, s, gamma, dsum, ds, rows, hidden);
-  TORCH_CHECK(p.teams == teams, "layer_norm_backward: partials sized for ", teams, " teams, the plan has ", p.teams);
+  TORCH_CHECK(p.partial_rows == partial_rows, "layer_norm_backward: partials sized for ", partial_rows,
+              " rows, the plan has ", p.partial_rows);
   const T* dyt = static_cast<const T*>(dy);
   const T* st = static_cast<const T*>(s);
   const T* gt = static_cast<const T*>(gamma);
@@ -361,50 +393,52 @@ void launch_typed(const void* dy, const void* s, const void* gamma, const void* 
 }
 
 template <typename T>
-void launch_reduce(const float* pg, const float* pb, int64_t teams, int64_t hidden, void* dgamma, void* dbeta,
+void launch_reduce(const float* pg, const float* pb, int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
                    cudaStream_t stream) {
   const dim3 block(kReduceCols, kReduceRows);
   const unsigned blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
-  ln_param_reduce_kernel<T><<<blocks, block, 0, stream>>>(pg, pb, teams, hidden, static_cast<T*>(dgamma),
+  ln_param_reduce_kernel<T><<<blocks, block, 0, stream>>>(pg, pb, partial_rows, hidden, static_cast<T*>(dgamma),
                                                           static_cast<T*>(dbeta));
 }
 
 }  // namespace
 
-int64_t layer_norm_backward_teams(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
-                                  const void* ds, int64_t rows, int64_t hidden) {
+int64_t layer_norm_backward_partial_rows(DType dtype, const void* dy, const void* s, const void* gamma,
+                                         const void* dsum, const void* ds, int64_t rows, int64_t hidden) {
   switch (dtype) {
-    case DType::kFloat16: return make_plan<__half>(dy, s, gamma, dsum, ds, rows, hidden).teams;
-    case DType::kBFloat16: return make_plan<__nv_bfloat16>(dy, s, gamma, dsum, ds, rows, hidden).teams;
-    default: return make_plan<float>(dy, s, gamma, dsum, ds, rows, hidden).teams;
+    case DType::kFloat16: return make_plan<__half>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
+    case DType::kBFloat16: return make_plan<__nv_bfloat16>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
+    default: return make_plan<float>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
   }
 }
 
 void launch_layer_norm_backward(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
-                                void* ds, float* partial_dgamma, float* partial_dbeta, int64_t teams, int64_t rows,
-                                int64_t hidden, float eps, cudaStream_t stream) {
+                                void* ds, float* partial_dgamma, float* partial_dbeta, int64_t partial_rows,
+                                int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  float* pg = partial_dgamma;
+  float* pb = partial_dbeta;
   switch (dtype) {
     case DType::kFloat32:
-      launch_typed<float>(dy, s, gamma, dsum, ds, partial_dgamma, partial_dbeta, teams, rows, hidden, eps, stream);
+      launch_typed<float>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
       break;
     case DType::kFloat16:
-      launch_typed<__half>(dy, s, gamma, dsum, ds, partial_dgamma, partial_dbeta, teams, rows, hidden, eps, stream);
+      launch_typed<__half>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
       break;
     case DType::kBFloat16:
-      launch_typed<__nv_bfloat16>(dy, s, gamma, dsum, ds, partial_dgamma, partial_dbeta, teams, rows, hidden, eps,
-                                  stream);
+      launch_typed<__nv_bfloat16>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
       break;
   }
 }
 
 void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, const float* partial_dbeta,
-                                    int64_t teams, int64_t hidden, void* dgamma, void* dbeta, cudaStream_t stream) {
+                                    int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
+                                    cudaStream_t stream) {
+  const float* pg = partial_dgamma;
+  const float* pb = partial_dbeta;
   switch (dtype) {
-    case DType::kFloat32: launch_reduce<float>(partial_dgamma, partial_dbeta, teams, hidden, dgamma, dbeta, stream); break;
-    case DType::kFloat16: launch_reduce<__half>(partial_dgamma, partial_dbeta, teams, hidden, dgamma, dbeta, stream); break;
-    case DType::kBFloat16:
-      launch_reduce<__nv_bfloat16>(partial_dgamma, partial_dbeta, teams, hidden, dgamma, dbeta, stream);
-      break;
+    case DType::kFloat32: launch_reduce<float>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
+    case DType::kFloat16: launch_reduce<__half>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
+    case DType::kBFloat16: launch_reduce<__nv_bfloat16>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
   }
 }
 

@@ -113,21 +113,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
   at::Tensor dbeta = at::empty({param_grads ? hidden : 0}, s.options());
   if (rows == 0) return {ds, dgamma.zero_(), dbeta.zero_()};
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t teams = layer_norm_backward_teams(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra, ds.data_ptr(),
-                                                  rows, hidden);
-  at::Tensor partials;  // [2, teams, hidden] FP32: dgamma's and dbeta's column sums per team
+  const int64_t partial_rows = layer_norm_backward_partial_rows(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra,
+                                                                ds.data_ptr(), rows, hidden);
+  at::Tensor partials;  // [2, partial_rows, hidden] FP32: dgamma's and dbeta's column sums per block
   float* pg = nullptr;
   float* pb = nullptr;
   if (param_grads) {
-    partials = at::empty({2, teams, hidden}, s.options().dtype(at::kFloat));
+    partials = at::empty({2, partial_rows, hidden}, s.options().dtype(at::kFloat));
     pg = partials.data_ptr<float>();
-    pb = pg + teams * hidden;
+    pb = pg + partial_rows * hidden;
   }
-  launch_layer_norm_backward(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra, ds.data_ptr(), pg, pb, teams, rows,
-                             hidden, static_cast<float>(eps), stream);
+  launch_layer_norm_backward(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra, ds.data_ptr(), pg, pb, partial_rows,
+                             rows, hidden, static_cast<float>(eps), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (param_grads) {
-    launch_layer_norm_param_reduce(dtype, pg, pb, teams, hidden, dgamma.data_ptr(), dbeta.data_ptr(), stream);
+    launch_layer_norm_param_reduce(dtype, pg, pb, partial_rows, hidden, dgamma.data_ptr(), dbeta.data_ptr(), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {ds, dgamma, dbeta};
