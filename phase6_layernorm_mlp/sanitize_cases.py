@@ -59,9 +59,10 @@ def main() -> None:
 
 
 def _grad64(fn, *tensors, dy):
-    """float64 autograd through a utils.reference function: the gradient of each tensor."""
-    leaves = [t.detach().double().requires_grad_() for t in tensors]
-    fn(*leaves).backward(dy.double())
+    """float64 autograd through a utils.reference function, on the CPU (no kernel launches for the
+    sanitizer to slow down): the gradient of each tensor."""
+    leaves = [t.detach().cpu().double().requires_grad_() for t in tensors]
+    fn(*leaves).backward(dy.cpu().double())
     return [t.grad for t in leaves]
 
 
@@ -75,9 +76,9 @@ def backward_cases() -> None:
                 w = randn(hidden, dtype=dtype)
                 ds, dw, db = p6.layer_norm_backward(dy, s, w, dsum=dsum)
                 ref_ds, ref_dw = _grad64(lambda a, g: reference.layer_norm(a, g), s, w, dy=dy)
-                assert_close(ds, ref_ds + dsum.double(), what="layer_norm_backward ds")
+                assert_close(ds, ref_ds + dsum.cpu().double(), what="layer_norm_backward ds")
                 assert_close(dw, ref_dw, what="layer_norm_backward dweight")
-                assert_close(db, dy.double().sum(0), what="layer_norm_backward dbias")
+                assert_close(db, dy.cpu().double().sum(0), what="layer_norm_backward dbias")
         for approximate in ("tanh", "none"):
             for x, dy in ((randn(1037, dtype=dtype), randn(1037, dtype=dtype)),
                           (unaligned(67, dtype=dtype), unaligned(67, dtype=dtype))):
