@@ -57,6 +57,7 @@ def _register() -> None:
 
 
 def _register_fakes() -> None:
+    """Shape-only (meta) implementations of every op."""
 
     @torch.library.register_fake(f"{NAME}::layer_norm")
     def _(x, weight, bias, eps):
