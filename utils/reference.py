@@ -119,24 +119,30 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.where(fully_masked, torch.zeros_like(p), p / torch.where(fully_masked, 1.0, total))
 
 
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    """t in float64, detached, except a float64 tensor that requires grad: it stays in the autograd
+    graph, so that float64 autograd through layer_norm, gelu and mlp gives reference gradients."""
+    return t if t.dtype == torch.float64 and t.requires_grad else t.detach().to(torch.float64)
+
+
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
     """LayerNorm over the last dimension in float64 (two-pass); with residual, of x + residual."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     if residual is not None:
-        x64 = x64 + residual.detach().to(torch.float64)
+        x64 = x64 + _f64(residual)
     mean = x64.mean(dim=-1, keepdim=True)
     var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
     y = (x64 - mean) / torch.sqrt(var + eps)
     if weight is not None:
-        y = y * weight.detach().to(torch.float64)
+        y = y * _f64(weight)
     if bias is not None:
-        y = y + bias.detach().to(torch.float64)
+        y = y + _f64(bias)
     return y
 
 
 def gelu(x, approximate: str = "none"):
     """GELU in float64: 'none' is the exact erf form, 'tanh' the tanh approximation."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     # Written without 1 + tanh(u) or 1 + erf(z), which cancel for large negative x (at x = -7 the
     # float64 1 + tanh(u) form is 0.7% off): 0.5 (1 + tanh(u)) = sigmoid(2u), 1 + erf(z) = erfc(-z).
     if approximate == "tanh":
@@ -148,13 +154,12 @@ def gelu(x, approximate: str = "none"):
 
 def mlp(x, w1, b1, w2, b2, residual=None, approximate: str = "tanh"):
     """Transformer MLP in float64: gelu(x w1^T + b1) w2^T + b2 (+ residual). Weights as nn.Linear."""
-    x64 = x.detach().to(torch.float64)
-    h = x64 @ w1.detach().to(torch.float64).t()
+    h = _f64(x) @ _f64(w1).t()
     if b1 is not None:
-        h = h + b1.detach().to(torch.float64)
-    y = gelu(h, approximate) @ w2.detach().to(torch.float64).t()
+        h = h + _f64(b1)
+    y = gelu(h, approximate) @ _f64(w2).t()
     if b2 is not None:
-        y = y + b2.detach().to(torch.float64)
+        y = y + _f64(b2)
     if residual is not None:
-        y = y + residual.detach().to(torch.float64)
+        y = y + _f64(residual)
     return y
