@@ -49,6 +49,13 @@ def attention_bias(
     return bias
 
 
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    """t in float64, detached, except a float64 tensor that requires grad: it stays in the autograd
+    graph, so that float64 autograd through attention, layer_norm, gelu and mlp gives reference
+    gradients."""
+    return t if t.dtype == torch.float64 and t.requires_grad else t.detach().to(torch.float64)
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -60,9 +67,10 @@ def attention(
 ):
     """softmax(scale * q k^T + bias) v in float64; fully masked rows give zeros.
 
-    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse).
+    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse). Float64 inputs
+    that require grad stay in the autograd graph (attention_grads).
     """
-    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    q64, k64, v64 = (_f64(t) for t in (q, k, v))
     B, H, Sq, D = q64.shape
     Sk = k64.shape[2]
     if k64.shape != (B, H, Sk, D) or v64.shape != (B, H, Sk, D):
@@ -91,21 +99,11 @@ def attention_grads(
     stride: int | None = None,
     key_lengths: torch.Tensor | None = None,
 ):
-    """(dq, dk, dv) in float64: autograd through attention()'s formula (the same bias, the same
-    zero output for fully masked rows, hence zero gradients there) with output gradient dout.
-    The mask gets no gradient."""
+    """(dq, dk, dv) in float64: autograd through attention() (fully masked rows, whose output is
+    zero, get zero gradients) with output gradient dout. The mask gets no gradient."""
     q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
-    B, H, Sq, D = q64.shape
-    Sk = k64.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
     with torch.enable_grad():
-        scores = scale * (q64 @ k64.transpose(-1, -2))
-        scores = scores + attention_bias(B, H, Sq, Sk, mask, is_causal, stride, key_lengths, q64.device)
-        row_max = scores.detach().amax(dim=-1, keepdim=True)
-        fully_masked = torch.isneginf(row_max)
-        p = torch.exp(scores - torch.where(fully_masked, 0.0, row_max))
-        p = p / torch.where(fully_masked, 1.0, p.sum(dim=-1, keepdim=True))
-        out = p @ v64
+        out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths)
         return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
 
 
@@ -117,12 +115,6 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     p = torch.exp(s - torch.where(fully_masked, 0.0, row_max))
     total = p.sum(dim=dim, keepdim=True)
     return torch.where(fully_masked, torch.zeros_like(p), p / torch.where(fully_masked, 1.0, total))
-
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    """t in float64, detached, except a float64 tensor that requires grad: it stays in the autograd
-    graph, so that float64 autograd through layer_norm, gelu and mlp gives reference gradients."""
-    return t if t.dtype == torch.float64 and t.requires_grad else t.detach().to(torch.float64)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
