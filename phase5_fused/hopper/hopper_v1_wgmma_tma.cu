@@ -60,6 +60,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
     load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, bh);
   };
   if (threadIdx.x == 0 && n_blocks > 0) {
+    tma_prefetch_map(&p.q_map);
+    tma_prefetch_map(&p.k_map);
+    tma_prefetch_map(&p.v_map);
     load_tile<D>(sQ, L::kQPanel, &p.q_map, full_q, m0, bh);
     for (int j = 0; j < min(kStages, n_blocks); ++j) load_kv(j);
   }
@@ -80,26 +83,22 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
     const int n0 = j * kBN;
     unsigned char* sK = smem + L::kK + s * L::kKVBytes;
     unsigned char* sV = smem + L::kV + s * L::kKVBytes;
-    // Causal: a block entirely above the diagonal of this warpgroup's last row is hidden from it.
-    const bool visible = !(vis.causal && n0 > wg_row0 + 63);
     if (j == 0) mbarrier_wait(full_q, 0);
 
     float sc[kBN / 2];
-    if (visible) {
-      // S = Q_i K_j^T once K_j has landed.
-      mbarrier_wait(&full_k[s], parity);
-      qk_gemm<T, D>(sc, q_base, smem_addr(sK));
-      // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
-      const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
-      scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
-      online_softmax<D>(sc, m, l, o);
-    }
+    // S = Q_i K_j^T once K_j has landed.
+    mbarrier_wait(&full_k[s], parity);
+    qk_gemm<T, D>(sc, q_base, smem_addr(sK));
+    // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
+    const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
+    scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
+    online_softmax<D>(sc, m, l, o);
     // V_j: the block that holds the end of the batch's keys gets its padded rows zeroed first.
     mbarrier_wait(&full_v[s], parity);
     if (vis.kv_len < p.Sk && n0 + kBN > vis.kv_len)
       zero_padded_rows<D>(sV, vis.kv_len - n0, static_cast<int>(threadIdx.x), kThreads, 1);
     // O += P V_j.
-    if (visible) pv_gemm<T, D>(o, sc, smem_addr(sV));
+    pv_gemm<T, D>(o, sc, smem_addr(sV));
 
     // Every warpgroup is done with stage s: refill it with block j + kStages.
     __syncthreads();

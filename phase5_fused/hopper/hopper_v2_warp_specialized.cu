@@ -66,6 +66,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     // Producer: give registers away; one thread issues every copy.
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && n_blocks > 0) {
+      tma_prefetch_map(&p.q_map);
+      tma_prefetch_map(&p.k_map);
+      tma_prefetch_map(&p.v_map);
       load_tile<D>(sQ, L::kQPanel, &p.q_map, full_q, m0, bh);
       for (int j = 0; j < n_blocks; ++j) {
         const int s = j % kStages;
@@ -98,23 +101,20 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     const int n0 = j * kBN;
     unsigned char* sK = smem + L::kK + s * L::kKVBytes;
     unsigned char* sV = smem + L::kV + s * L::kKVBytes;
-    const bool visible = !(vis.causal && n0 > wg_row0 + 63);
     if (j == 0) mbarrier_wait(full_q, 0);
 
     float sc[kBN / 2];
-    if (visible) {
-      // S = Q_i K_j^T once K_j has landed; mask; online softmax.
-      mbarrier_wait(&full_k[s], parity);
-      qk_gemm<T, D>(sc, q_base, smem_addr(sK));
-      const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
-      scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
-      online_softmax<D>(sc, m, l, o);
-    }
+    // S = Q_i K_j^T once K_j has landed; mask; online softmax.
+    mbarrier_wait(&full_k[s], parity);
+    qk_gemm<T, D>(sc, q_base, smem_addr(sK));
+    const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
+    scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
+    online_softmax<D>(sc, m, l, o);
     // V_j (padded rows zeroed by both consumer warpgroups together, named barrier 1), O += P V_j.
     mbarrier_wait(&full_v[s], parity);
     if (vis.kv_len < p.Sk && n0 + kBN > vis.kv_len)
       zero_padded_rows<D>(sV, vis.kv_len - n0, tid, kConsumers * kWarpgroup, 1);
-    if (visible) pv_gemm<T, D>(o, sc, smem_addr(sV));
+    pv_gemm<T, D>(o, sc, smem_addr(sV));
 
     // Release the stage: one arrival per warp, after all its lanes' wgmmas completed.
     __syncwarp();
