@@ -1,4 +1,5 @@
-// Host interface of the Hopper attention kernels (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu),
+// Host interface of the Hopper attention kernels (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu,
+// hopper_v3_intra_overlap.cu),
 // called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
 #pragma once
 
@@ -37,5 +38,6 @@ enum class Dtype { kFloat16, kBFloat16 };
 // Launch one version on `stream` (checks the launch). D in {64, 128}.
 void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
 }  // namespace hopper

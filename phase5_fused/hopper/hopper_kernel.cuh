@@ -1,7 +1,8 @@
 // The pieces every version of the Hopper kernel shares: the shared-memory layout, the per-warpgroup
 // steps of FlashAttention's inner loop (S = Q K^T on wgmma, mask, online softmax, O += P V on
-// wgmma) and the epilogue. The versions differ only in who issues the TMA copies and how the
-// warps wait for them (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu).
+// wgmma) and the epilogue. The versions differ in who issues the TMA copies, how the warps wait
+// for them, and in what order a warpgroup issues and waits for its matmuls (hopper_v1_wgmma_tma.cu,
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu).
 //
 // Paper notation (Shah et al., "FlashAttention-3", Algorithm 1): a block of kBM query rows Q_i
 // stays in shared memory; for each block j of kBN keys: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
@@ -34,6 +35,7 @@ static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
 //   Q        kBM x D                 (reused for the output tile at the end)
 //   K, V     kStages x (kBN x D) each
 //   barriers full_q, full_k[kStages], full_v[kStages], empty[kStages]
+//   scratch  2 floats per consumer thread (v3 stores its row sums there to pin the softmax)
 template <int D, int kStages>
 struct Smem {
   static constexpr int kPanels = D / 64;
@@ -46,8 +48,9 @@ struct Smem {
   static constexpr int kV = kK + kStages * kKVBytes;
   static constexpr int kBarriers = kV + kStages * kKVBytes;
   static constexpr int kBarrierCount = 1 + 3 * kStages;
+  static constexpr int kScratch = kBarriers + ((kBarrierCount * 8 + 15) / 16) * 16;
   // + 1024: the dynamic shared memory is only 16-byte aligned; the kernel rounds its base up.
-  static constexpr int kBytes = kBarriers + kBarrierCount * 8 + 1024;
+  static constexpr int kBytes = kScratch + 2 * kConsumers * kWarpgroup * 4 + 1024;
   static_assert(kQPanel % 1024 == 0 && kKVPanel % 1024 == 0, "every panel on a 1024-byte boundary");
 };
 
@@ -81,11 +84,10 @@ struct Visibility {
 };
 
 // S = Q K^T for this warpgroup's 64 rows and the kBN keys of a stage: D / 16 wgmmas (k = 16 each),
-// the first one overwriting S (scale_d = 0). q_base: the warpgroup's first row in the Q tile.
+// the first one overwriting S (scale_d = 0), issued but neither committed nor waited for.
+// q_base: the warpgroup's first row in the Q tile.
 template <typename T, int D>
-__device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
-  fence_operand(s);
-  wgmma_fence();
+__device__ __forceinline__ void qk_issue(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     // k-step kk: panel kk / 4, bytes 32 (kk % 4) inside the 128-byte rows
@@ -93,6 +95,14 @@ __device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, ui
     const uint32_t offset_k = (kk / 4) * (kBN * kPanelBytes) + (kk % 4) * 32;
     wgmma_ss_n128<T>(s, desc_k_major(q_base + offset_q), desc_k_major(k_base + offset_k), kk > 0 ? 1 : 0);
   }
+}
+
+// S = Q K^T, issued and waited for.
+template <typename T, int D>
+__device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+  fence_operand(s);
+  wgmma_fence();
+  qk_issue<T, D>(s, q_base, k_base);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(s);
@@ -115,12 +125,12 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kBN / 2], float scale_
   }
 }
 
-// Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8). A row's kBN
-// scores are spread over the 4 lanes of its quad: the max needs two shuffles; l stays the lane's
-// partial sum until the end. A row with no visible key so far keeps m = -inf and subtracts 0
-// instead, so P = 0 and the rescale factor is 0, never NaN.
-template <int D>
-__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&o)[D / 2]) {
+// Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8): m_new =
+// max(m, rowmax(S)), P = 2^(S - m_new) in place of S, l = alpha l + rowsum(P) with alpha =
+// 2^(m - m_new), returned for the O rescale. A row's kBN scores are spread over the 4 lanes of its
+// quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
+// visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
+__device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float row_max = -CUDART_INF_F;
@@ -130,7 +140,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
     const float m_new = fmaxf(m[h], row_max);
     const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
-    const float alpha = tc::exp2_approx(m[h] - m_use);
+    alpha[h] = tc::exp2_approx(m[h] - m_use);
     m[h] = m_new;
     float row_sum = 0.0f;
 #pragma unroll
@@ -141,33 +151,58 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2
         row_sum += s[4 * j + e];
       }
     }
-    l[h] = l[h] * alpha + row_sum;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j + 2 * h] *= alpha;
-      o[4 * j + 2 * h + 1] *= alpha;
-    }
+    l[h] = l[h] * alpha[h] + row_sum;
   }
 }
 
-// O += P V: P rounded to T in registers (the accumulator fragments of n8 tiles 2kk and 2kk + 1 are
-// exactly wgmma's A fragment for keys 16kk .. 16kk + 15), V MN-major from the stage, kBN / 16 wgmmas.
-template <typename T, int D>
-__device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kBN / 2], uint32_t v_base) {
-  uint32_t a[kBN / 16][4];
+// O = alpha O, row by row.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
+  }
+}
+
+// The softmax step and the O rescale together (v1, v2).
+template <int D>
+__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&o)[D / 2]) {
+  float alpha[2];
+  softmax_step(s, m, l, alpha);
+  rescale_o<D>(o, alpha);
+}
+
+// P rounded to T in registers: the accumulator fragments of n8 tiles 2kk and 2kk + 1 are exactly
+// wgmma's A fragment for keys 16kk .. 16kk + 15.
+template <typename T>
+__device__ __forceinline__ void pack_p(const float (&p)[kBN / 2], uint32_t (&a)[kBN / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[kk][r] = tc::pack2<T>(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
     fence_operand(a[kk]);
   }
-  fence_operand(o);
-  wgmma_fence();
+}
+
+// O += P V: kBN / 16 wgmmas, P from registers, V MN-major from the stage; issued, not committed.
+template <typename T, int D>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&a)[kBN / 16][4], uint32_t v_base) {
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
     // 16 keys = two 1024-byte groups of 8 rows; the panels (64 columns of D) are kBN rows apart
     wgmma_rs<T, D>(o, a[kk], desc_mn_major(v_base + kk * 2048, kBN * kPanelBytes));
   }
+}
+
+// O += P V, issued and waited for.
+template <typename T, int D>
+__device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kBN / 2], uint32_t v_base) {
+  uint32_t a[kBN / 16][4];
+  pack_p<T>(p, a);
+  fence_operand(o);
+  wgmma_fence();
+  pv_issue<T, D>(o, a, v_base);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(o);

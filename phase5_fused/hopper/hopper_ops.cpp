@@ -1,7 +1,7 @@
 // Torch op of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
 // the argument, the TMA tensor maps, then the launch of one version on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
-// lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 or 2 (hopper_v*.cu).
+// lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1, 2 or 3 (hopper_v*.cu).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               "q must be float16 or bfloat16 for the Hopper kernel, got ", q.scalar_type());
   const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
-  TORCH_CHECK(version == 1 || version == 2, "version must be 1 or 2, got ", version);
+  TORCH_CHECK(version >= 1 && version <= 3, "version must be 1, 2 or 3, got ", version);
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max() &&
                   s.B * s.H <= std::numeric_limits<int>::max(),
               "q and k sequence lengths and B * H must fit in int32");
@@ -104,10 +104,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.causal = is_causal ? 1 : 0;
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int D = static_cast<int>(s.D);
   if (version == 1) {
-    hopper::launch_v1(p, static_cast<int>(s.D), dtype, stream);
+    hopper::launch_v1(p, D, dtype, stream);
+  } else if (version == 2) {
+    hopper::launch_v2(p, D, dtype, stream);
   } else {
-    hopper::launch_v2(p, static_cast<int>(s.D), dtype, stream);
+    hopper::launch_v3(p, D, dtype, stream);
   }
   return {out, lse};
 }
