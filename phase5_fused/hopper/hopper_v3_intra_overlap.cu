@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     softmax_step(sc, m, l, alpha);
     // Pin the softmax before the next wait. The compiler's order is not enough: ptxas schedules the
     // exponentials next to their first use (the rounding of P, after the wait), which serializes
-    // the softmax behind the P V again (seen in the SASS). It does not move a shared-memory store
-    // across wgmma.wait_group, and the row sums depend on every exponential of the block: storing
+    // the softmax behind the P V again (seen in the SASS). It keeps shared-memory stores on their
+    // side of wgmma.wait_group, and the row sums depend on every exponential of the block: storing
     // them (to a scratch slot nobody reads) keeps the whole softmax between the two waits.
     fence_operand(sc);
     scratch[2 * tid] = l[0];

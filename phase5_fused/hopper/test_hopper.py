@@ -297,6 +297,24 @@ def test_constants_are_the_kernels():
     assert any("compute_90a" in flag and "sm_90a" in flag for flag in hopper.CUDA_FLAGS)
 
 
+def test_ncu_records_are_labelled_by_launch_order():
+    """run.label_records: our kernels by name, the other kernels of a D's cuDNN call by its longest one."""
+    from phase5_fused.hopper import run
+
+    names = [f"void hopper::(anonymous namespace)::hopper_v{n}_kernel<__half, {{D}}>(hopper::Params)"
+             for n in range(1, len(hopper.VERSIONS) + 1)]
+    records = []
+    for D in run.PROFILE_D:
+        records += [{"kernel": name.format(D=D), "time_ns": 10} for name in names]
+        records += [{"kernel": "cudnn_helper", "time_ns": 1}, {"kernel": "cudnn_sdpa_fprop", "time_ns": 20}]
+    labelled = run.label_records(records)
+    expected = {f"{run.impl_name(v)}_D{D}" for v in hopper.VERSIONS for D in run.PROFILE_D}
+    expected |= {f"{run.CUDNN}_D{D}" for D in run.PROFILE_D}
+    assert set(labelled) == expected
+    assert all(labelled[f"{run.CUDNN}_D{D}"]["kernel"] == "cudnn_sdpa_fprop" for D in run.PROFILE_D)
+    assert labelled[f"{run.IMPL}_D{run.PROFILE_D[-1]}"]["kernel"].endswith(f"{run.PROFILE_D[-1]}>(hopper::Params)")
+
+
 def test_import_builds_nothing():
     """Importing the module (and the phase package) must not build or load the extension."""
     import subprocess
