@@ -8,6 +8,9 @@ Attention semantics (the same for every kernel of every phase):
   causal and masks).
 - key_lengths: per-batch number of valid keys [B]; keys j >= key_lengths[b] are padding.
 - A query row whose keys are all masked gives an output row of zeros (and logsumexp -inf).
+
+decode_attention builds a decoding step (a KV cache, grouped-query heads, a paged layout, the
+bottom-right causal mask of each sequence's length) out of attention().
 """
 
 from __future__ import annotations
@@ -105,6 +108,53 @@ def attention_grads(
     with torch.enable_grad():
         out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths)
         return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    page_table: torch.Tensor | None = None,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
+    """Attention of Sq new tokens against a KV cache, in float64, through attention().
+
+    q [B, H, Sq, D]; k_cache, v_cache [B, H_kv, S_max, D], or paged [num_pages, H_kv, page_size, D]
+    with page_table [B, max_pages] (logical page p of sequence b is physical page page_table[b, p]);
+    cache_lengths [B]. Query head h reads KV head h // (H // H_kv). Bottom-right causal: the Sq
+    queries are the last Sq of a sequence's L = cache_lengths[b] tokens, so query i sees the keys
+    j <= L - Sq + i. Page entries past a sequence's last used page are never read (they may hold
+    anything), nor are cache entries past L. Returns the output [B, H, Sq, D] (and the lse [B, H, Sq]) in float64.
+    """
+    B, H, Sq, D = q.shape
+    lengths = cache_lengths.to(device=q.device, dtype=torch.int64)
+    if page_table is None:
+        k, v = k_cache, v_cache
+    else:
+        page_size = k_cache.shape[2]
+        table = page_table.to(device=q.device, dtype=torch.int64)
+        used = torch.arange(table.shape[1], device=q.device).view(1, -1) * page_size < lengths.view(-1, 1)
+        table = torch.where(used, table, 0)
+
+        def gather(cache):  # [B, max_pages, H_kv, page_size, D] -> [B, H_kv, max_pages * page_size, D]
+            pages = cache[table]
+            return pages.permute(0, 2, 1, 3, 4).reshape(B, cache.shape[1], -1, D)
+
+        k, v = gather(k_cache), gather(v_cache)
+    # Keys past a sequence's length are never used: zeros there, so that whatever the cache holds
+    # (NaN in a free page, say) cannot reach the masked scores.
+    cached = torch.arange(k.shape[2], device=q.device).view(1, 1, -1, 1) < lengths.view(B, 1, 1, 1)
+    k, v = k.masked_fill(~cached, 0.0), v.masked_fill(~cached, 0.0)
+    H_kv = k.shape[1]
+    if H % H_kv != 0:
+        raise ValueError(f"q's heads H={H} must be a multiple of the cache's KV heads H_kv={H_kv}")
+    k = k.repeat_interleave(H // H_kv, dim=1)
+    v = v.repeat_interleave(H // H_kv, dim=1)
+    Sk = k.shape[2]
+    i = torch.arange(Sq, device=q.device).view(1, Sq, 1)
+    j = torch.arange(Sk, device=q.device).view(1, 1, Sk)
+    visible = j <= lengths.view(B, 1, 1) - Sq + i  # [B, Sq, Sk]
+    return attention(q, k, v, mask=visible.view(B, 1, Sq, Sk), scale=scale, return_lse=return_lse)
 
 
 def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
