@@ -8,6 +8,9 @@ Attention semantics (the same for every kernel of every phase):
   causal and masks).
 - key_lengths: per-batch number of valid keys [B]; keys j >= key_lengths[b] are padding.
 - A query row whose keys are all masked gives an output row of zeros (and logsumexp -inf).
+
+decode_attention builds a decoding step (a KV cache, grouped-query heads, a paged layout, the
+bottom-right causal mask of each sequence's length) out of attention().
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def attention_bias(
     return bias
 
 
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    """t in float64, detached, except a float64 tensor that requires grad: it stays in the autograd
+    graph, so that float64 autograd through attention, layer_norm, gelu and mlp gives reference
+    gradients."""
+    return t if t.dtype == torch.float64 and t.requires_grad else t.detach().to(torch.float64)
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -60,9 +70,10 @@ def attention(
 ):
     """softmax(scale * q k^T + bias) v in float64; fully masked rows give zeros.
 
-    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse).
+    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse). Float64 inputs
+    that require grad stay in the autograd graph (attention_grads).
     """
-    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    q64, k64, v64 = (_f64(t) for t in (q, k, v))
     B, H, Sq, D = q64.shape
     Sk = k64.shape[2]
     if k64.shape != (B, H, Sk, D) or v64.shape != (B, H, Sk, D):
@@ -83,6 +94,69 @@ def attention(
     return out, lse
 
 
+def attention_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    stride: int | None = None,
+    key_lengths: torch.Tensor | None = None,
+):
+    """(dq, dk, dv) in float64: autograd through attention() (fully masked rows, whose output is
+    zero, get zero gradients) with output gradient dout. The mask gets no gradient."""
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths)
+        return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    page_table: torch.Tensor | None = None,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
+    """Attention of Sq new tokens against a KV cache, in float64, through attention().
+
+    q [B, H, Sq, D]; k_cache, v_cache [B, H_kv, S_max, D], or paged [num_pages, H_kv, page_size, D]
+    with page_table [B, max_pages] (logical page p of sequence b is physical page page_table[b, p]);
+    cache_lengths [B]. Query head h reads KV head h // (H // H_kv). Bottom-right causal: the Sq
+    queries are the last Sq of a sequence's L = cache_lengths[b] tokens, so query i sees the keys
+    j <= L - Sq + i. Page entries past a sequence's last used page are never read (they may hold
+    anything), nor are cache entries past L. Returns the output [B, H, Sq, D] (and the lse [B, H, Sq]) in float64.
+    """
+    B, H, Sq, D = q.shape
+    lengths = cache_lengths.to(device=q.device, dtype=torch.int64)
+    if page_table is None:
+        k, v = k_cache, v_cache
+    else:
+        page_size = k_cache.shape[2]
+        table = page_table.to(device=q.device, dtype=torch.int64)
+        used = torch.arange(table.shape[1], device=q.device).view(1, -1) * page_size < lengths.view(-1, 1)
+        table = torch.where(used, table, 0)
+
+        def gather(cache):  # [B, max_pages, H_kv, page_size, D] -> [B, H_kv, max_pages * page_size, D]
+            pages = cache[table]
+            return pages.permute(0, 2, 1, 3, 4).reshape(B, cache.shape[1], -1, D)
+
+        k, v = gather(k_cache), gather(v_cache)
+    # Keys past a sequence's length are never used: zeros there, so that whatever the cache holds
+    # (NaN in a free page, say) cannot reach the masked scores.
+    cached = torch.arange(k.shape[2], device=q.device).view(1, 1, -1, 1) < lengths.view(B, 1, 1, 1)
+    k, v = k.masked_fill(~cached, 0.0), v.masked_fill(~cached, 0.0)
+    H_kv = k.shape[1]
+    if H % H_kv != 0:
+        raise ValueError(f"q's heads H={H} must be a multiple of the cache's KV heads H_kv={H_kv}")
+    k = k.repeat_interleave(H // H_kv, dim=1)
+    v = v.repeat_interleave(H // H_kv, dim=1)
+    Sk = k.shape[2]
+    i = torch.arange(Sq, device=q.device).view(1, Sq, 1)
+    j = torch.arange(Sk, device=q.device).view(1, 1, Sk)
+    visible = j <= lengths.view(B, 1, 1) - Sq + i  # [B, Sq, Sk]
+    return attention(q, k, v, mask=visible.view(B, 1, Sq, Sk), scale=scale, return_lse=return_lse)
+
+
 def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Row softmax in float64 whose fully -inf rows give zeros (not NaN)."""
     s = scores.detach().to(torch.float64)
@@ -95,22 +169,22 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
     """LayerNorm over the last dimension in float64 (two-pass); with residual, of x + residual."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     if residual is not None:
-        x64 = x64 + residual.detach().to(torch.float64)
+        x64 = x64 + _f64(residual)
     mean = x64.mean(dim=-1, keepdim=True)
     var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
     y = (x64 - mean) / torch.sqrt(var + eps)
     if weight is not None:
-        y = y * weight.detach().to(torch.float64)
+        y = y * _f64(weight)
     if bias is not None:
-        y = y + bias.detach().to(torch.float64)
+        y = y + _f64(bias)
     return y
 
 
 def gelu(x, approximate: str = "none"):
     """GELU in float64: 'none' is the exact erf form, 'tanh' the tanh approximation."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     # Written without 1 + tanh(u) or 1 + erf(z), which cancel for large negative x (at x = -7 the
     # float64 1 + tanh(u) form is 0.7% off): 0.5 (1 + tanh(u)) = sigmoid(2u), 1 + erf(z) = erfc(-z).
     if approximate == "tanh":
@@ -122,13 +196,12 @@ def gelu(x, approximate: str = "none"):
 
 def mlp(x, w1, b1, w2, b2, residual=None, approximate: str = "tanh"):
     """Transformer MLP in float64: gelu(x w1^T + b1) w2^T + b2 (+ residual). Weights as nn.Linear."""
-    x64 = x.detach().to(torch.float64)
-    h = x64 @ w1.detach().to(torch.float64).t()
+    h = _f64(x) @ _f64(w1).t()
     if b1 is not None:
-        h = h + b1.detach().to(torch.float64)
-    y = gelu(h, approximate) @ w2.detach().to(torch.float64).t()
+        h = h + _f64(b1)
+    y = gelu(h, approximate) @ _f64(w2).t()
     if b2 is not None:
-        y = y + b2.detach().to(torch.float64)
+        y = y + _f64(b2)
     if residual is not None:
-        y = y + residual.detach().to(torch.float64)
+        y = y + _f64(residual)
     return y

@@ -93,6 +93,24 @@ def test_extension_packages_are_the_packages_that_define_load():
     assert all(build.defines_load(p) for p in found)
 
 
+def test_cuda_flags_reach_nvcc_of_that_extension_only(monkeypatch, tmp_path):
+    """load_phase's cuda_flags are appended to the course's nvcc flags (a -gencode there replaces
+    torch's TORCH_CUDA_ARCH_LIST targets); without them the flags are the course's own."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    calls = []
+    monkeypatch.setattr(build, "check_setup", lambda: tmp_path)
+    monkeypatch.setattr(build, "BUILD_ROOT", tmp_path)
+    monkeypatch.setattr(build, "_library_header_dirs", lambda: [])
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs))
+    gencode = "-gencode=arch=compute_90a,code=sm_90a"
+    build.load_phase(tmp_path, "flags_a", ["x.cu"], cuda_flags=[gencode])
+    build.load_phase(tmp_path, "flags_b", ["x.cu"])
+    assert calls[0]["extra_cuda_cflags"] == [*build.NVCC_FLAGS, gencode]
+    assert calls[1]["extra_cuda_cflags"] == build.NVCC_FLAGS
+    assert build.NVCC_FLAGS == ["-O3", "-lineinfo"]  # the shared list is not modified
+
+
 def test_build_all_shows_each_build_as_it_starts_and_finishes(monkeypatch, capsys):
     """Finished builds are printed in the order they finish (not submitted), with how many are done;
     a log (stdout not a terminal) gets no carriage returns."""
@@ -112,4 +130,3 @@ def test_build_all_shows_each_build_as_it_starts_and_finishes(monkeypatch, capsy
     fast, slow = (next(n for n, line in enumerate(lines) if line.split()[:2] == [name, "0.1"]) for name in ("fast", "slow"))
     assert len(started) == 2 and max(started) < fast < slow, out
     assert "[1/2" in lines[fast] and "[2/2]" in lines[slow]
-

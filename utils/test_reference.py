@@ -118,3 +118,68 @@ def test_mlp_matches_torch_modules():
     expected = fc2(F.gelu(fc1(x), approximate="tanh")) + res
     torch.testing.assert_close(reference.mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, residual=res),
                                expected.detach())
+
+
+def paged_copy(cache, lengths, page_size, seed=0):
+    """A contiguous cache [B, H_kv, S, D] scattered into shuffled pages [num_pages, H_kv, page_size, D]
+    (two spare pages of NaN that no sequence uses) and its page table; unused entries are -1."""
+    B, H_kv, S, D = cache.shape
+    max_pages = -(-S // page_size)
+    num_pages = B * max_pages + 2
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+    pages = torch.full((num_pages, H_kv, page_size, D), float("nan"), dtype=cache.dtype)
+    table = torch.full((B, max_pages), -1, dtype=torch.int32)
+    padded = torch.nn.functional.pad(cache, (0, 0, 0, max_pages * page_size - S))
+    for b in range(B):
+        for p in range(-(-int(lengths[b]) // page_size)):
+            physical = int(order[b * max_pages + p])
+            table[b, p] = physical
+            pages[physical] = padded[b, :, p * page_size:(p + 1) * page_size]
+    return pages, table
+
+
+def test_decode_attention_matches_a_loop_over_sequences_and_heads():
+    """GQA heads and the bottom-right causal rule, against a plain per-(b, h, i) softmax."""
+    B, H, H_kv, Sq, S, D = 3, 6, 2, 3, 11, 8
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(B, H, Sq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([3, 7, 11], dtype=torch.int32)
+    out, lse = reference.decode_attention(q, k, v, lengths, scale=0.3, return_lse=True)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Sq):
+                last = int(lengths[b]) - Sq + i  # the last key query i sees
+                kv = h // (H // H_kv)
+                s = 0.3 * (k[b, kv, :last + 1] @ q[b, h, i])
+                torch.testing.assert_close(out[b, h, i], torch.softmax(s, 0) @ v[b, kv, :last + 1], rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(lse[b, h, i], torch.logsumexp(s, 0), rtol=1e-12, atol=1e-12)
+
+
+def test_decode_attention_of_a_full_cache_is_sdpa_with_gqa():
+    B, H, H_kv, S, D = 2, 8, 2, 9, 16
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, H, 1, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    out = reference.decode_attention(q, k, v, torch.full((B,), S, dtype=torch.int32))
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("page_size", [2, 4, 16])
+def test_decode_attention_paged_equals_contiguous(page_size):
+    """The same cache paged (shuffled pages, NaN in the unused ones) gives the same result."""
+    B, H, H_kv, Sq, S, D = 3, 4, 4, 2, 13, 8
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(B, H, Sq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H_kv, S, D, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([2, 13, 6], dtype=torch.int32)
+    k_pages, table = paged_copy(k, lengths, page_size)
+    v_pages, _ = paged_copy(v, lengths, page_size)
+    expected = reference.decode_attention(q, k, v, lengths)
+    out = reference.decode_attention(q, k_pages, v_pages, lengths, page_table=table)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,226 @@
+"""Phase 5, decoding: attention of a few new tokens against a long KV cache, split over the keys
+(flash-decoding), with grouped-query attention and a paged cache (decode_split.cu, decode_merge.cu).
+
+    from phase5_fused import decode
+    out = decode.attention(q, k_cache, v_cache, cache_lengths)                        # contiguous cache
+    out = decode.attention(q, k_pages, v_pages, cache_lengths, page_table=page_table)  # paged cache
+
+Shapes: q [B, H, Sq, D] with 1 <= Sq <= MAX_SQ; a contiguous cache k/v [B, H_kv, S_max, D], or a
+paged one k/v [num_pages, H_kv, page_size, D] with page_table [B, max_pages] int32 (logical page p
+of sequence b lives in physical page page_table[b, p]); cache_lengths [B] int32. H must be a
+multiple of H_kv: query head h reads KV head h // (H // H_kv), and K/V are never copied per query
+head. D in SUPPORTED_D; page_size in PAGE_SIZES; dtypes DTYPES (q, k and v alike).
+
+Masking is bottom-right causal: sequence b holds L = cache_lengths[b] keys (0 .. L-1), and the Sq
+queries are its LAST Sq tokens, so query i sees the keys j <= L - Sq + i. L >= Sq is required (the
+new tokens' own keys are in the cache). With Sq = 1 the query sees the whole cache.
+
+The values of cache_lengths and page_table live on the GPU; reading them here would wait for the
+GPU on every step, so the fast path does not. A sequence whose length is outside [Sq, capacity] or
+whose page-table entries (those its keys use) are outside [0, num_pages) gets NaN output rows (and
+NaN lse) from the kernel, which never reads out of bounds; check_values=True (or
+check_cache_values) checks them on the host first and raises ValueError naming the argument, a
+debugging aid that costs a GPU sync.
+
+Importing this module builds nothing; load() builds the extension on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+
+from utils.build import op_loader
+from utils.checks import check_tensor, dim_in
+
+NAME = "phase5_fused_decode"
+SOURCES = ["decode_split.cu", "decode_merge.cu", "decode_ops.cpp"]
+SUPPORTED_D = (64, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+PAGE_SIZES = (16, 32, 64, 128, 256)
+MAX_SQ = 16
+# The most query rows (query heads of one KV head x new tokens) one block holds (decode.h kMaxRows).
+MAX_ROWS_PER_BLOCK = 16
+# Split heuristic: enough blocks for WAVES blocks per SM, each split at least MIN_KEYS_PER_SPLIT keys.
+WAVES = 2
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 1024
+
+
+def _register_fakes() -> None:
+    """Meta implementations, so torch.compile can trace the op without running it."""
+
+    @torch.library.register_fake(f"{NAME}::attention")
+    def _attention_fake(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block):
+        B, H, Sq, _ = q.shape
+        return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch geometry
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """The GPU's number of SMs (asked once per device)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def rows_per_block(rows: int) -> int:
+    """Rows per block for R = (H / H_kv) * Sq rows of one KV head: the fewest chunks of at most
+    MAX_ROWS_PER_BLOCK rows, as even as possible (R = 24 gives two chunks of 12, not 16 + 8)."""
+    chunks = math.ceil(rows / MAX_ROWS_PER_BLOCK)
+    return math.ceil(rows / chunks)
+
+
+def choose_num_splits(blocks_per_split: int, capacity: int, sms: int) -> int:
+    """How many ranges to cut each sequence's keys into.
+
+    blocks_per_split: the blocks one split launches (B * H_kv * row chunks); capacity: the keys a
+    sequence can hold (the lengths themselves are on the GPU); sms: the GPU's SM count.
+    Enough splits that the grid holds WAVES blocks per SM, but no split shorter than
+    MIN_KEYS_PER_SPLIT keys of the capacity (below that the merge and the per-block set-up cost
+    more than the split saves). One split when the batch alone fills the GPU.
+    """
+    wanted = math.ceil(WAVES * sms / blocks_per_split)
+    by_keys = max(1, capacity // MIN_KEYS_PER_SPLIT)
+    return max(1, min(wanted, by_keys, MAX_SPLITS))
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, scale=None, num_splits=None):
+    """Shapes, dtypes and arguments first (any device, so they are testable on a CPU), then devices.
+    Returns (B, H, Sq, D, H_kv, capacity). Raises TypeError / ValueError naming the argument."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(x, name, dim=4)
+        if x.dtype not in DTYPES:
+            allowed = ", ".join(_dtype_name(d) for d in DTYPES)
+            raise TypeError(f"{name} must have dtype {allowed}, got {_dtype_name(x.dtype)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache and v_cache must have q's dtype {_dtype_name(q.dtype)}, got "
+                        f"{_dtype_name(k_cache.dtype)} and {_dtype_name(v_cache.dtype)}")
+    B, H, Sq, D = q.shape
+    if min(B, H, Sq, D) == 0:
+        raise ValueError(f"q must not be empty, got shape {tuple(q.shape)}")
+    if Sq > MAX_SQ:
+        raise ValueError(f"q.shape[2] (Sq, new tokens per sequence) must be at most {MAX_SQ}, got {Sq}")
+    if not dim_in(D, SUPPORTED_D):
+        raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported: use one of {SUPPORTED_D}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    _, H_kv, S, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"k_cache must have q's head dim D={D} in its last dimension, got {tuple(k_cache.shape)}")
+    if H_kv == 0 or H % H_kv != 0:
+        raise ValueError(f"q's heads H={H} must be a multiple of k_cache's KV heads H_kv={H_kv} (k_cache.shape[1])")
+    if page_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache must be [B={B}, H_kv, S_max, D] (or paged, with page_table), "
+                             f"got {tuple(k_cache.shape)}")
+        capacity = S
+    else:
+        check_tensor(page_table, "page_table", dim=2)
+        if page_table.dtype != torch.int32:
+            raise TypeError(f"page_table must be int32, got {_dtype_name(page_table.dtype)}")
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table must be [B={B}, max_pages], got {tuple(page_table.shape)}")
+        if not dim_in(S, PAGE_SIZES):
+            raise ValueError(f"k_cache.shape[2] (page_size) must be one of {PAGE_SIZES}, got {S}")
+        if k_cache.shape[0] == 0:
+            raise ValueError("k_cache must hold at least one page")
+        capacity = page_table.shape[1] * S
+    if capacity == 0:
+        raise ValueError("the cache must hold at least one key per sequence (S_max or max_pages is 0)")
+    check_tensor(cache_lengths, "cache_lengths", dim=1)
+    if cache_lengths.dtype != torch.int32:
+        raise TypeError(f"cache_lengths must be int32, got {_dtype_name(cache_lengths.dtype)}")
+    if cache_lengths.shape[0] != B:
+        raise ValueError(f"cache_lengths must have B={B} entries, got {cache_lengths.shape[0]}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be an integer in [1, {MAX_SPLITS}] or None, got {num_splits!r}")
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_lengths", cache_lengths)]
+    if page_table is not None:
+        named.append(("page_table", page_table))
+    for name, x in named:
+        if not x.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor, got device {x.device}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (a KV cache is never copied)")
+    return B, H, Sq, D, H_kv, capacity
+
+
+def check_cache_values(cache_lengths, page_table, Sq: int, capacity: int, num_pages: int | None = None) -> None:
+    """The debug check of the values (reads them on the host: a GPU sync). Every length must be in
+    [Sq, capacity]; with a page table, every entry a sequence's keys use (pages 0 .. ceil(L /
+    page_size) - 1) must be in [0, num_pages). Raises ValueError naming the argument."""
+    lengths = cache_lengths.detach().to("cpu", torch.int64)
+    low = lengths < Sq
+    high = lengths > capacity
+    if low.any() or high.any():
+        b = int(torch.nonzero(low | high)[0])
+        raise ValueError(f"cache_lengths[{b}] = {int(lengths[b])} is outside [Sq={Sq}, capacity={capacity}]: "
+                         "the cache must hold the new tokens' keys and fit its length")
+    if page_table is None:
+        return
+    table = page_table.detach().to("cpu", torch.int64)
+    page_size = capacity // table.shape[1]
+    used = torch.arange(table.shape[1]).view(1, -1) * page_size < lengths.view(-1, 1)
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bad.any():
+        b, page = (int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"page_table[{b}, {page}] = {int(table[b, page])} is not a page of the cache "
+                         f"(num_pages = {num_pages})")
+
+
+# ------------------------------------------------------------------------------------------------
+# The op
+
+
+def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float | None = None,
+              num_splits: int | None = None, return_lse: bool = False, check_values: bool = False):
+    """softmax(scale q k^T, bottom-right causal) v over each sequence's cached keys.
+
+    q [B, H, Sq, D] (copied if not contiguous); k_cache, v_cache contiguous [B, H_kv, S_max, D], or
+    paged [num_pages, H_kv, page_size, D] with page_table [B, max_pages] int32; cache_lengths [B]
+    int32, each in [Sq, capacity]. Query i of sequence b sees keys j <= cache_lengths[b] - Sq + i.
+    scale: defaults to 1 / sqrt(D). num_splits: key ranges per sequence (None: chosen from the SM
+    count and the shape, choose_num_splits). return_lse: also return the rows' natural logsumexp
+    [B, H, Sq] (float32). check_values: check cache_lengths and page_table on the host first (a GPU
+    sync; without it a bad value gives NaN rows, see the module docstring).
+    Returns out [B, H, Sq, D] in q's dtype (and lse).
+    """
+    B, H, Sq, D, H_kv, capacity = check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table, scale,
+                                                      num_splits)
+    if check_values:
+        check_cache_values(cache_lengths, page_table, Sq, capacity, k_cache.shape[0])
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    rows = (H // H_kv) * Sq
+    block_rows = rows_per_block(rows)
+    if num_splits is None:
+        blocks = B * H_kv * math.ceil(rows / block_rows)
+        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        num_splits = choose_num_splits(blocks, capacity, sm_count(device))
+    out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
+                                num_splits, block_rows)
+    return (out, lse) if return_lse else out

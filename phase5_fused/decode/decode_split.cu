@@ -1,0 +1,349 @@
+// Flash-decoding, kernel 1 of 2: the split kernel.
+//
+// A decoding step has few query rows (Sq new tokens x H query heads) and a long KV cache. One block
+// per (sequence, head) would leave most of the GPU idle (B * H_kv blocks for 132 SMs), so the keys
+// of each sequence are cut into num_splits contiguous ranges and the grid is
+//
+//     (split s, sequence b x KV head hk, row chunk)
+//
+// Block (s, b * H_kv + hk, c) owns KV head hk of sequence b and the query rows that read it: the
+// G = H / H_kv query heads x Sq new tokens (R = G * Sq rows, up to kMaxRows of them per block). It
+// streams its key range of K and V through shared memory once (cp.async, 16-byte copies, double
+// buffered), runs the online softmax in FP32 with exp2 (scores pre-scaled by log2(e)), and writes
+// its rows' partial output O_s = sum_j p_j v_j / l and logsumexp lse_s = m + log2(l) (base 2).
+// decode_merge.cu combines the splits; with one split this kernel writes the final output itself.
+//
+// Masking is bottom-right causal: the Sq queries are the last Sq tokens of a sequence of L keys,
+// so query i sees keys j <= L - Sq + i (L >= Sq). Math runs on CUDA cores: a decoding step does
+// 2 R D multiply-adds per key against 2 D elements read, too little work per byte for tensor
+// cores to matter while R is small (README: where they would).
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "common.cuh"
+#include "cp_async.cuh"
+#include "decode.h"
+#include "decode_common.cuh"
+
+namespace phase5_decode {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kPvWidth = 8;  // output elements of one row each thread accumulates
+
+template <typename T, int D>
+struct Tile {
+  static constexpr int kVec = 16 / sizeof(T);               // elements per 16-byte copy
+  static constexpr int kChunks = D / kVec;                  // 16-byte chunks per key row
+  static constexpr int kBc = 16384 / (D * sizeof(T));       // keys per tile: 16 KB of K, 16 KB of V
+  static constexpr int kStride = D + kVec;                  // shared row padded by 16 bytes
+  static constexpr int kTileElems = kBc * kStride;
+  static constexpr int kRowsPerPass = kThreads / kChunks;   // key rows the block copies per pass
+  static constexpr int kPasses = kBc / kRowsPerPass;        // copies per thread per tensor and tile
+  // Scores: thread t takes key t % kBc and the rows r = t / kBc + n * kThreadsPerKey.
+  static constexpr int kThreadsPerKey = kThreads / kBc;
+  static constexpr int kScoreRows = kMaxRows / kThreadsPerKey;
+  // Softmax and P V: a group of kGroup threads owns a row, each thread kPvWidth of its D outputs;
+  // group g owns the rows r = g + n * kRowGroups.
+  static constexpr int kGroup = D / kPvWidth;
+  static constexpr int kRowGroups = kThreads / kGroup;
+  static constexpr int kPvRows = (kMaxRows + kRowGroups - 1) / kRowGroups;
+  // Scores row stride, padded by kGroup floats: the groups of a warp reading one key's
+  // probability from their own rows hit different banks.
+  static constexpr int kSStride = kBc + kGroup;
+
+  static_assert(kThreads % kChunks == 0 && kBc % kRowsPerPass == 0, "the block copies whole key rows");
+  static_assert(kThreads % kBc == 0 && kMaxRows % kThreadsPerKey == 0, "score threads cover the tile evenly");
+  static_assert(kGroup <= 32 && 32 % kGroup == 0, "a row's group of threads lies inside one warp");
+  static_assert((kStride * sizeof(T) / 16) % 2 == 1,
+                "an odd number of 16-byte units per shared row: 8 threads reading 8 rows hit 8 bank groups");
+};
+
+template <typename T, int D>
+constexpr size_t smem_bytes(int rows_per_block) {
+  using Tl = Tile<T, D>;
+  // K and V, two stages each; the block's queries (FP32); its scores / probabilities (FP32).
+  return 4 * Tl::kTileElems * sizeof(T) + static_cast<size_t>(rows_per_block) * (D + Tl::kSStride) * sizeof(float);
+}
+
+// Maximum (op = max) or sum over the kGroup lanes of a row's group (aligned lanes of one warp).
+template <int kGroup>
+__device__ __forceinline__ float group_max(float x, unsigned mask) {
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(mask, x, offset));
+  return x;
+}
+
+template <int kGroup>
+__device__ __forceinline__ float group_sum(float x, unsigned mask) {
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset >>= 1) x += __shfl_xor_sync(mask, x, offset);
+  return x;
+}
+
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) {
+  using Tl = Tile<T, D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);                               // [2][kBc][kStride]
+  T* sV = sK + 2 * Tl::kTileElems;                                  // [2][kBc][kStride]
+  float* sQ = reinterpret_cast<float*>(sV + 2 * Tl::kTileElems);    // [R_c][D]
+  float* sS = sQ + p.rows_per_block * D;                            // [R_c][kSStride]
+
+  const int tid = threadIdx.x;
+  const int split = blockIdx.x;
+  const int bh = blockIdx.y;  // b * H_kv + hk
+  const int b = bh / p.H_kv;
+  const int hk = bh % p.H_kv;
+  const int row0 = blockIdx.z * p.rows_per_block;         // first of this block's rows among the R
+  const int rows = min(p.rows_per_block, p.rows - row0);  // R_c (the last chunk may be shorter)
+  const int64_t grow0 = static_cast<int64_t>(bh) * p.rows + row0;  // its index among all B * H * Sq rows
+  const int64_t total_rows = static_cast<int64_t>(p.B) * p.H_kv * p.rows;
+
+  // 1. This split's keys [start, end): an equal share of the sequence's L keys, a whole number of
+  //    tiles (a split past the end gets none: its rows come out with lse = -inf, O = 0).
+  const int L = p.lengths[b];
+  int bad = L < p.Sq || L > p.capacity;
+  int start = 0, end = 0;
+  if (!bad) {
+    const int per_split = course::ceil_div(course::ceil_div(L, p.num_splits), Tl::kBc) * Tl::kBc;
+    start = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(split) * per_split));
+    end = min(L, start + per_split);
+  }
+
+  // 2. (paged) Every page entry this split reads must name a page of the cache. A bad length or
+  //    page makes the block write NaN for its rows, and nothing is read out of bounds.
+  if (kPaged && end > start) {
+    const int* table = p.page_table + static_cast<int64_t>(b) * p.max_pages;
+    for (int page = (start >> p.page_shift) + tid; page <= ((end - 1) >> p.page_shift); page += kThreads) {
+      const int physical = table[page];
+      bad |= physical < 0 || physical >= p.num_pages;
+    }
+  }
+  bad = __syncthreads_or(bad);
+
+  float m[Tl::kPvRows], l[Tl::kPvRows], o[Tl::kPvRows][kPvWidth];  // running max, sum, output (base 2)
+#pragma unroll
+  for (int n = 0; n < Tl::kPvRows; ++n) {
+    m[n] = -INFINITY;
+    l[n] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPvWidth; ++e) o[n][e] = 0.0f;
+  }
+  const int group = tid / Tl::kGroup;       // the row group of this thread (softmax, P V)
+  const int group_lane = tid % Tl::kGroup;  // its place in the group: outputs group_lane * 8 ...
+  const unsigned group_mask =
+      Tl::kGroup == 32 ? course::kFullMask : ((1u << Tl::kGroup) - 1) << ((tid % 32) & ~(Tl::kGroup - 1));
+
+  if (!bad) {
+    // 3. Stage the block's query rows in shared memory as FP32, times scale * log2(e).
+    const T* q = static_cast<const T*>(p.q) + grow0 * D;
+    for (int idx = tid; idx < rows * D; idx += kThreads) sQ[idx] = to_float(q[idx]) * p.scale_log2;
+
+    // Element offset of key `key` (of sequence b, KV head hk) in the cache: through the page table,
+    // or in the contiguous [B, H_kv, S_max, D] layout.
+    auto key_offset = [&](int key) -> int64_t {
+      if constexpr (kPaged) {
+        const int physical = __ldg(p.page_table + static_cast<int64_t>(b) * p.max_pages + (key >> p.page_shift));
+        const int slot = key & ((1 << p.page_shift) - 1);
+        return ((static_cast<int64_t>(physical) * p.H_kv + hk) * (int64_t{1} << p.page_shift) + slot) * D;
+      } else {
+        return (static_cast<int64_t>(bh) * p.capacity + key) * D;
+      }
+    };
+    const T* k_cache = static_cast<const T*>(p.k);
+    const T* v_cache = static_cast<const T*>(p.v);
+
+    // 4. Copy the tile of keys [tile_start, tile_start + kBc) of K and V into stage `stage`, each
+    //    thread the same 16-byte chunk of kPasses rows; rows at or past `end` are zero-filled.
+    auto load_tile = [&](int tile_start, int stage) {
+      const int chunk = tid % Tl::kChunks;
+#pragma unroll
+      for (int pass = 0; pass < Tl::kPasses; ++pass) {
+        const int r = tid / Tl::kChunks + pass * Tl::kRowsPerPass;
+        const bool valid = tile_start + r < end;
+        const int64_t offset = valid ? key_offset(tile_start + r) + chunk * Tl::kVec : 0;
+        const int at = stage * Tl::kTileElems + r * Tl::kStride + chunk * Tl::kVec;
+        course::cp_async_16(course::smem_u32(sK + at), k_cache + offset, valid);
+        course::cp_async_16(course::smem_u32(sV + at), v_cache + offset, valid);
+      }
+    };
+
+    const int num_tiles = course::ceil_div(end - start, Tl::kBc);
+    if (num_tiles > 0) load_tile(start, 0);
+    course::cp_async_commit();
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t & 1;
+      const int tile_start = start + t * Tl::kBc;
+      // 5. Start copying the next tile into the other stage; it lands while this one is used.
+      if (t + 1 < num_tiles) load_tile(tile_start + Tl::kBc, stage ^ 1);
+      course::cp_async_commit();
+      // 6. Wait for this tile's copies (all groups but the newest), then for every thread's.
+      course::cp_async_wait<1>();
+      __syncthreads();
+
+      // 7. Scores s = (scale log2(e) q) . k for this thread's key and rows, masked bottom-right
+      //    causal (key <= L - Sq + i for query i) and to the split's end.
+      {
+        const int j = tid % Tl::kBc;
+        const int first = tid / Tl::kBc;
+        const T* k_row = sK + stage * Tl::kTileElems + j * Tl::kStride;
+        float acc[Tl::kScoreRows];
+#pragma unroll
+        for (int n = 0; n < Tl::kScoreRows; ++n) acc[n] = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < Tl::kChunks; ++c) {
+          float kf[Tl::kVec];
+          load_as_float<Tl::kVec>(k_row + c * Tl::kVec, kf);
+#pragma unroll
+          for (int n = 0; n < Tl::kScoreRows; ++n) {
+            const int r = first + n * Tl::kThreadsPerKey;
+            if (r < rows) {
+              const float4* qv = reinterpret_cast<const float4*>(sQ + r * D + c * Tl::kVec);
+#pragma unroll
+              for (int w = 0; w < Tl::kVec / 4; ++w) {
+                const float4 x = qv[w];  // the same address across the warp: a broadcast
+                acc[n] = fmaf(x.x, kf[4 * w], fmaf(x.y, kf[4 * w + 1], fmaf(x.z, kf[4 * w + 2], fmaf(x.w, kf[4 * w + 3], acc[n]))));
+              }
+            }
+          }
+        }
+        const int key = tile_start + j;
+#pragma unroll
+        for (int n = 0; n < Tl::kScoreRows; ++n) {
+          const int r = first + n * Tl::kThreadsPerKey;
+          if (r < rows) {
+            const int limit = L - p.Sq + (row0 + r) % p.Sq;  // the last key query i sees
+            sS[r * Tl::kSStride + j] = (key < end && key <= limit) ? acc[n] : -INFINITY;
+          }
+        }
+      }
+      __syncthreads();
+
+      // 8. Online softmax, one row per group of threads: the tile's row maximum, the new running
+      //    maximum m, p = 2^(s - m) written over the scores, l and O rescaled by 2^(m_old - m).
+#pragma unroll
+      for (int n = 0; n < Tl::kPvRows; ++n) {
+        const int r = group + n * Tl::kRowGroups;
+        if (r < rows) {
+          float* s_row = sS + r * Tl::kSStride;
+          float tile_max = -INFINITY;
+          for (int j = group_lane; j < Tl::kBc; j += Tl::kGroup) tile_max = fmaxf(tile_max, s_row[j]);
+          tile_max = group_max<Tl::kGroup>(tile_max, group_mask);
+          const float m_new = fmaxf(m[n], tile_max);
+          const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: p = 0, not NaN
+          const float alpha = exp2f(m[n] - base);
+          float tile_sum = 0.0f;
+          for (int j = group_lane; j < Tl::kBc; j += Tl::kGroup) {
+            const float prob = exp2f(s_row[j] - base);
+            s_row[j] = prob;
+            tile_sum += prob;
+          }
+          tile_sum = group_sum<Tl::kGroup>(tile_sum, group_mask);
+          l[n] = l[n] * alpha + tile_sum;
+          m[n] = m_new;
+#pragma unroll
+          for (int e = 0; e < kPvWidth; ++e) o[n][e] *= alpha;
+        }
+      }
+      __syncwarp();  // a group reads the probabilities its other lanes wrote
+
+      // 9. O += P V: each thread its 8 outputs of its rows, one V row (8 elements) per key.
+      {
+        const T* v_tile = sV + stage * Tl::kTileElems + group_lane * kPvWidth;
+        for (int j = 0; j < Tl::kBc; ++j) {
+          float vf[kPvWidth];
+          load_as_float<kPvWidth>(v_tile + j * Tl::kStride, vf);
+#pragma unroll
+          for (int n = 0; n < Tl::kPvRows; ++n) {
+            const int r = group + n * Tl::kRowGroups;
+            if (r < rows) {
+              const float prob = sS[r * Tl::kSStride + j];
+#pragma unroll
+              for (int e = 0; e < kPvWidth; ++e) o[n][e] = fmaf(prob, vf[e], o[n][e]);
+            }
+          }
+        }
+      }
+      // 10. Every thread is done with this stage and the probabilities before they are overwritten.
+      __syncthreads();
+    }
+  }
+
+  // 11. Write each row: O / l and its logsumexp (NaN for a bad length or page). One split writes
+  //     the output in q's dtype and the natural-log lse; several write FP32 partials for the merge.
+  const float nan = __int_as_float(0x7fffffff);
+#pragma unroll
+  for (int n = 0; n < Tl::kPvRows; ++n) {
+    const int r = group + n * Tl::kRowGroups;
+    if (r < rows) {
+      const int64_t grow = grow0 + r;
+      const float inv_l = bad ? nan : (l[n] > 0.0f ? 1.0f / l[n] : 0.0f);
+      const float lse2 = bad ? nan : (l[n] > 0.0f ? m[n] + log2f(l[n]) : -INFINITY);
+      float out[kPvWidth];
+#pragma unroll
+      for (int e = 0; e < kPvWidth; ++e) out[e] = o[n][e] * inv_l;
+      if (p.num_splits == 1) {
+        store_from_float<kPvWidth>(static_cast<T*>(p.out) + grow * D + group_lane * kPvWidth, out);
+        if (group_lane == 0) p.lse[grow] = lse2 * kLn2;
+      } else {
+        const int64_t at = split * total_rows + grow;
+        store_from_float<kPvWidth>(p.o_part + at * D + group_lane * kPvWidth, out);
+        if (group_lane == 0) p.lse_part[at] = lse2;
+      }
+    }
+  }
+}
+
+template <typename T, int D, bool kPaged>
+void launch_split(const Params& p, cudaStream_t stream) {
+  auto* kernel = decode_split_kernel<T, D, kPaged>;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device (for the most rows).
+  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem_bytes<T, D>(kMaxRows))));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
+  kernel<<<grid, kThreads, smem_bytes<T, D>(p.rows_per_block), stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int D>
+void launch_for_layout(const Params& p, bool paged, cudaStream_t stream) {
+  if (paged) {
+    launch_split<T, D, true>(p, stream);
+  } else {
+    launch_split<T, D, false>(p, stream);
+  }
+}
+
+template <typename T>
+void launch_for_head_dim(const Params& p, int64_t D, bool paged, cudaStream_t stream) {
+  switch (D) {
+    case 64: launch_for_layout<T, 64>(p, paged, stream); break;
+    case 128: launch_for_layout<T, 128>(p, paged, stream); break;
+    case 256: launch_for_layout<T, 256>(p, paged, stream); break;
+    default: TORCH_CHECK(false, "head dim D=", D, " (q.size(3)) is not supported: use 64, 128 or 256");
+  }
+}
+
+}  // namespace
+
+void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream) {
+  switch (dtype) {
+    case at::kHalf: launch_for_head_dim<__half>(p, D, paged, stream); break;
+    case at::kBFloat16: launch_for_head_dim<__nv_bfloat16>(p, D, paged, stream); break;
+    case at::kFloat: launch_for_head_dim<float>(p, D, paged, stream); break;
+    default: TORCH_CHECK(false, "q must be float16, bfloat16 or float32, got ", dtype);
+  }
+  if (p.num_splits > 1) launch_merge(p, dtype, D, stream);
+}
+
+}  // namespace phase5_decode
