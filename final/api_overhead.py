@@ -75,9 +75,13 @@ def op_call(mode: str, q, k, v):
     import phase2_naive
     import phase3_tiled
     import phase4_coalesced
-    from phase5_fused import fp32, tensor_cores
+    from phase5_fused import fp32, hopper, tensor_cores
 
     scale = 1.0 / math.sqrt(q.shape[-1])
+    if mode == "fused_hopper":
+        op = hopper.load().attention
+        version = hopper.VERSIONS.index(hopper.DEFAULT_VERSION) + 1
+        return lambda: op(q, k, v, False, scale, None, False, version)[0]
     if mode == "fused_tc":
         op = tensor_cores.load().attention
         return lambda: op(q, k, v, None, False, scale, None)
@@ -95,10 +99,10 @@ def phase_api_call(mode: str, q, k, v):
     import phase2_naive
     import phase3_tiled
     import phase4_coalesced
-    from phase5_fused import fp32, tensor_cores
+    from phase5_fused import fp32, hopper, tensor_cores
 
     fn = {"naive": phase2_naive.attention, "tiled": phase3_tiled.attention, "coalesced": phase4_coalesced.attention,
-          "fused": fp32.attention, "fused_tc": tensor_cores.attention}[mode]
+          "fused": fp32.attention, "fused_tc": tensor_cores.attention, "fused_hopper": hopper.attention}[mode]
     return lambda: fn(q, k, v)
 
 

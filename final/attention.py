@@ -10,25 +10,33 @@ i sees keys j <= i, also when Sq != Sk), stride keeps keys j % stride == 0, scal
 
 Modes and what each takes (MODE_INFO holds it as data, read from the packages that define it):
 
-    mode        kernel                           device  dtypes               D                            stride
-    reference   utils.reference, float64         any     any float            any                          yes
-    naive       phase 2, three naive kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
-    tiled       phase 3, three tiled kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
-    coalesced   phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no
-    fused       phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes
-    fused_tc    phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no
+    mode          kernel                           device  dtypes               D                            stride  mask  backward
+    reference     utils.reference, float64         any     any float            any                          yes     yes   yes
+    naive         phase 2, three naive kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no
+    tiled         phase 3, three tiled kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no
+    coalesced     phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no
+    fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes
+    fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes
+    fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    no
 
-mode="auto" picks the first mode of AUTO_ORDER = (fused_tc, fused, coalesced, tiled, naive) that
-takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
-times them all in one run; fused_tc and fused never compete, they take different dtypes). At D=128,
+"backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
+backward pass; under torch.no_grad() it runs). fused_hopper runs on a Hopper GPU (compute
+capability 9.0) only.
+
+mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
+naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
+times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
+is picked on an H100 for unmasked FP16/BF16 inference at D=64 or 128, fused_tc for the rest, masks
+and training included). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
 kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, D=256,
 stride with float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
 
-supported_modes(q, k, v, mask, stride) decides from metadata alone (device type, dtype, D, stride),
-so it runs on CPU and under torch.compile. Importing this module builds nothing; a phase's extension
+supported_modes(q, k, v, mask, stride) decides from metadata alone (device type, dtype, D, stride,
+whether a mask is given, whether a gradient is needed, the GPU's compute capability), so it runs on
+CPU and under torch.compile. Importing this module builds nothing; a phase's extension
 is built on the first call of its mode. Every phase op is a TORCH_LIBRARY op with a fake
 implementation, so CUDAAttention runs under torch.compile(fullgraph=True).
 """
@@ -44,34 +52,46 @@ import torch.nn as nn
 import phase2_naive
 import phase3_tiled
 import phase4_coalesced
-from phase5_fused import fp32, tensor_cores
+from phase5_fused import fp32, hopper, tensor_cores
 from utils import reference
 from utils.checks import check_attention_shapes, check_tensor, dim_in
 from utils.unfused_api import MAX_HEAD_DIM
 
-MODES = ("reference", "naive", "tiled", "coalesced", "fused", "fused_tc")
-AUTO_ORDER = ("fused_tc", "fused", "coalesced", "tiled", "naive")
+MODES = ("reference", "naive", "tiled", "coalesced", "fused", "fused_tc", "fused_hopper")
+AUTO_ORDER = ("fused_hopper", "fused_tc", "fused", "coalesced", "tiled", "naive")
 
 
 @dataclass(frozen=True)
 class ModeInfo:
-    """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1."""
+    """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1; capability
+    None: any CUDA GPU."""
     kernel: str
     cuda: bool
     dtypes: tuple | None
     head_dims: tuple | range | None
     stride: bool
+    mask: bool = True
+    backward: bool = True
+    capability: tuple | None = None
 
-    def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride) -> str | None:
-        """Why this mode cannot take such inputs, or None if it can."""
+    def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride, mask: bool = False,
+                grad: bool = False, capability: tuple | None = None) -> str | None:
+        """Why this mode cannot take such inputs, or None if it can (mask: a mask is given; grad:
+        a gradient is needed; capability: the GPU's compute capability, for CUDA tensors)."""
         if self.cuda and device_type != "cuda":
             return f"needs CUDA tensors (got {device_type})"
+        if self.capability is not None and capability != self.capability:
+            return f"needs a GPU of compute capability {self.capability} (got {capability})"
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"needs {'/'.join(_dt(d) for d in self.dtypes)} (got {_dt(dtype)})"
         if self.head_dims is not None and not dim_in(D, self.head_dims):
             return f"needs D in {_dims(self.head_dims)} (got {D})"
         if stride is not None and stride != 1 and not self.stride:
             return "has no stride support"
+        if mask and not self.mask:
+            return "takes no mask"
+        if grad and not self.backward:
+            return "has no backward pass (the inputs require grad)"
         return None
 
 
@@ -79,11 +99,13 @@ class ModeInfo:
 UNFUSED_D = range(1, MAX_HEAD_DIM + 1)
 MODE_INFO = {
     "reference": ModeInfo("utils.reference (float64)", False, None, None, True),
-    "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False),
-    "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False),
-    "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False),
+    "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
+    "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
+    "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "fused": ModeInfo("phase5_fused.fp32 (fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False),
+    "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
+                             backward=False, capability=hopper.HOPPER),
 }
 
 
@@ -106,37 +128,61 @@ class UnsupportedModeError(ValueError):
 def supported_modes(q, k=None, v=None, mask=None, stride=None) -> list[str]:
     """The modes that take these inputs, fastest first (AUTO_ORDER, then "reference").
 
-    Decided from metadata only (q's device type and dtype, D = q.shape[-1], stride); k, v and mask
-    are checked for consistency (utils.checks.check_attention_shapes, the check every phase API runs)
-    when given, which raises on bad input whatever the mode. Works on CPU, meta and fake tensors and
+    Decided from metadata only (q's device type and dtype, D = q.shape[-1], stride, whether a mask
+    is given, whether a gradient is needed, the GPU's compute capability); k, v and mask are checked
+    for consistency (utils.checks.check_attention_shapes, the check every phase API runs) when
+    given, which raises on bad input whatever the mode. Works on CPU, meta and fake tensors and
     under torch.compile."""
     if k is not None and v is not None:
         check_attention_shapes(q, k, v, mask, stride)
     else:
         check_tensor(q, "q", dim=4)
-    return [m for m in (*AUTO_ORDER, "reference")
-            if MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride) is None]
+    facts = _facts(q, k, v, mask, stride)
+    return [m for m in (*AUTO_ORDER, "reference") if MODE_INFO[m].rejects(*facts) is None]
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v))
+
+
+@torch.compiler.assume_constant_result
+def _capability(index: int) -> tuple | None:
+    """The compute capability of CUDA device `index` (None where no GPU is visible: fake tensors)."""
+    return tuple(torch.cuda.get_device_capability(index)) if torch.cuda.is_available() else None
+
+
+def _facts(q, k, v, mask, stride) -> tuple:
+    """The arguments of ModeInfo.rejects for these inputs."""
+    cuda = q.device.type == "cuda"
+    capability = _capability(q.device.index if q.device.index is not None else 0) if cuda else None
+    return (q.device.type, q.dtype, q.shape[-1], stride, mask is not None, _needs_grad(q, k, v), capability)
 
 
 def resolve_mode(mode: str, q, k=None, v=None, mask=None, stride=None) -> str:
     """The concrete mode that runs: `mode` itself if it takes the inputs, auto's pick for "auto";
     otherwise UnsupportedModeError naming the modes that would take them.
 
-    The answer depends on the signature alone (mode, q's device type, dtype, rank and D, stride), so
-    it is remembered per signature (_RESOLVED): a repeated call costs one dict lookup instead of
-    every mode's rule (the per-call cost a 20-microsecond decode kernel would otherwise pay). Only
-    answers are remembered; a signature that raised is decided, and explained, again."""
+    The answer depends on the signature alone (mode, q's device, dtype, rank and D, stride, whether
+    a mask is given and a gradient needed), so it is remembered per signature (_RESOLVED): a
+    repeated call costs one dict lookup instead of every mode's rule (the per-call cost a
+    20-microsecond decode kernel would otherwise pay). Only answers are remembered; a signature
+    that raised is decided, and explained, again."""
     if k is not None and v is not None:
         check_attention_shapes(q, k, v, mask, stride)
-    key = _signature(mode, q, stride)
+    return _resolve_cached(mode, q, k, v, mask, stride)
+
+
+def _resolve_cached(mode: str, q, k, v, mask, stride) -> str:
+    """resolve_mode without the shape check (the phase API that runs next checks the inputs)."""
+    key = _signature(mode, q, k, v, mask, stride)
     if key is None:  # (traced code never reads the dict: no guard on its contents, no recompile)
-        return _resolve(mode, q, stride)
+        return _resolve(mode, q, k, v, mask, stride)
     try:
         resolved = _RESOLVED.get(key)
     except TypeError:  # an unhashable mode or stride: the full path names it
-        return _resolve(mode, q, stride)
+        return _resolve(mode, q, k, v, mask, stride)
     if resolved is None:
-        resolved = _resolve(mode, q, stride)
+        resolved = _resolve(mode, q, k, v, mask, stride)
         if len(_RESOLVED) >= _MAX_SIGNATURES:  # unbounded strides or head dims: start afresh
             _RESOLVED.clear()
         _RESOLVED[key] = resolved
@@ -148,37 +194,36 @@ _RESOLVED: dict[tuple, str] = {}
 _MAX_SIGNATURES = 1024
 
 
-def _signature(mode, q, stride) -> tuple | None:
+def _signature(mode, q, k, v, mask, stride) -> tuple | None:
     """What decides the mode, as a dict key; None where there is none: under torch.compile (D may be
     symbolic, and the traced code runs the rules once per trace anyway) and for a q that is no
     tensor or has no dimension (the full path raises the error that names it)."""
     if torch.compiler.is_compiling():
         return None
     try:
-        return (mode, q.device.type, q.dtype, q.dim(), q.shape[-1], stride)
+        return (mode, q.device, q.dtype, q.dim(), q.shape[-1], stride, mask is not None, _needs_grad(q, k, v))
     except (AttributeError, IndexError, TypeError):
         return None
 
 
-def _resolve(mode: str, q, stride) -> str:
+def _resolve(mode: str, q, k, v, mask, stride) -> str:
     """resolve_mode's decision from the rules themselves (MODE_INFO), with its errors."""
     if mode != "auto" and mode not in MODES:
         raise UnsupportedModeError(f"unknown attention mode {mode!r}; modes are {('auto', *MODES)}")
-    ok = supported_modes(q, stride=stride)
+    ok = supported_modes(q, k, v, mask, stride)
     if mode == "auto":
         cuda_ok = [m for m in ok if m != "reference"]
         if cuda_ok:
             return cuda_ok[0]
-        what = _describe(q, stride)
-        reasons = "; ".join(f"{m} {MODE_INFO[m].rejects(q.device.type, q.dtype, q.shape[-1], stride)}"
-                            for m in AUTO_ORDER)
+        facts = _facts(q, k, v, mask, stride)
+        reasons = "; ".join(f"{m} {MODE_INFO[m].rejects(*facts)}" for m in AUTO_ORDER)
         raise UnsupportedModeError(
-            f"mode='auto': no CUDA kernel takes {what} ({reasons}). Modes that would: {ok}; "
+            f"mode='auto': no CUDA kernel takes {_describe(q, stride)} ({reasons}). Modes that would: {ok}; "
             f"pass mode='reference' explicitly for the float64 reference (auto never falls back to it)")
     if mode not in ok:
-        what = _describe(q, stride)
-        reason = MODE_INFO[mode].rejects(q.device.type, q.dtype, q.shape[-1], stride)
-        raise UnsupportedModeError(f"mode={mode!r} cannot take {what}: it {reason}. Modes that would: {ok}")
+        reason = MODE_INFO[mode].rejects(*_facts(q, k, v, mask, stride))
+        raise UnsupportedModeError(f"mode={mode!r} cannot take {_describe(q, stride)}: it {reason}. "
+                                   f"Modes that would: {ok}")
     return mode
 
 
@@ -213,9 +258,15 @@ def _fused_tc(q, k, v, mask, is_causal, scale, stride):
     return tensor_cores.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
 
+def _fused_hopper(q, k, v, mask, is_causal, scale, stride):
+    """resolve_mode has refused a mask and a stride: both are None here."""
+    return hopper.attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
 # mode -> the call that runs it: the phase's API, which checks the inputs (once) and launches.
 _RUN = {"reference": _reference, "naive": _unfused(phase2_naive), "tiled": _unfused(phase3_tiled),
-        "coalesced": _unfused(phase4_coalesced), "fused": _fused, "fused_tc": _fused_tc}
+        "coalesced": _unfused(phase4_coalesced), "fused": _fused, "fused_tc": _fused_tc,
+        "fused_hopper": _fused_hopper}
 
 
 def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bool = False,
@@ -227,7 +278,7 @@ def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bo
     The mode is chosen from q's metadata (remembered per signature, resolve_mode); the inputs are
     then checked once, by the code that runs them (the phase's API, or check_attention_shapes before
     the reference)."""
-    run = _RUN[resolve_mode(mode, q, stride=stride)]
+    run = _RUN[_resolve_cached(mode, q, k, v, mask, stride)]
     return run(q, k, v, mask, is_causal, scale, None if stride == 1 else stride)
 
 

@@ -354,7 +354,8 @@ def test_api_overhead_pipeline_on_cpu(monkeypatch, tmp_path):
     assert all(0 < r["host_us"] <= r["b2b_us"] and r["rel_err"] < 1e-2 for r in rows), rows
     for mode, dtypes in ao.MODE_DTYPES.items():
         for dtype in dtypes:  # each CUDA mode in each dtype it takes, at the benchmark's D
-            assert A.MODE_INFO[mode].rejects("cuda", getattr(torch, dtype), ao.SHAPE["D"], None) is None
+            info = A.MODE_INFO[mode]
+            assert info.rejects("cuda", getattr(torch, dtype), ao.SHAPE["D"], None, capability=info.capability) is None
             for impl in ("cuda_attention_forward", "phase_api", "op"):
                 assert any(n.startswith(f"{impl} mode={mode} {dtype}: ") for n in notes), (impl, mode, dtype)
     assert set(ao.MODE_DTYPES) == {m for m in MODES if A.MODE_INFO[m].cuda}
