@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   if (!bad) {
     const int per_split = course::ceil_div(course::ceil_div(L, p.num_splits), Tl::kBc) * Tl::kBc;
     start = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(split) * per_split));
-    end = min(L, start + per_split);
+    end = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(start) + per_split));
   }
 
   // 2. (paged) Every page entry this split reads must name a page of the cache. A bad length or
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   }
   const int group = tid / Tl::kGroup;       // the row group of this thread (softmax, P V)
   const int group_lane = tid % Tl::kGroup;  // its place in the group: outputs group_lane * 8 ...
-  const unsigned group_mask =
-      Tl::kGroup == 32 ? course::kFullMask : ((1u << Tl::kGroup) - 1) << ((tid % 32) & ~(Tl::kGroup - 1));
+  const unsigned group_mask =  // the lanes of this thread's group, for its shuffles
+      Tl::kGroup == 32 ? course::kFullMask : ((1u << (Tl::kGroup % 32)) - 1) << ((tid % 32) & ~(Tl::kGroup - 1));
 
   if (!bad) {
     // 3. Stage the block's query rows in shared memory as FP32, times scale * log2(e).
