@@ -5,7 +5,8 @@
    MAX_KV_GB are skipped): phase5_decode on the contiguous cache, phase5_decode_paged on the same
    values in shuffled pages of PAGE_SIZE keys, torch SDPA's flash and cuDNN backends with
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
-   reads K and V once). A backend that refuses the inputs is recorded under "skipped", with why.
+   reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
+   and timed on K and V copied per query head instead (rows marked kv_expanded).
 2. One prefill beside it, for the Roofline: sdpa_flash on B = 1, S = 4096, the same heads, causal.
 3. results/metrics.json, then the tables that manifest.json declares (utils.render).
 
@@ -139,9 +140,19 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         for name in SDPA:
             try:
                 rows.append(decode_row(name, sdpa_gqa(name), (q, k, v, lengths), B, S, ref))
+                continue
             except RuntimeError as exc:
                 skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
-                print(f"    {name}: skipped ({skipped[f'{name} B={B} S={S}']})", flush=True)
+                print(f"    {name}: enable_gqa refused ({skipped[f'{name} B={B} S={S}']})", flush=True)
+            # The backend refused enable_gqa: time it on K and V copied per query head (made outside
+            # the timing; the step then reads H / H_kv times the bytes), marked kv_expanded.
+            try:
+                k_e, v_e = (x.repeat_interleave(H // H_KV, dim=1) for x in (k, v))
+                rows.append(decode_row(name, sdpa_gqa(name), (q, k_e, v_e, lengths), B, S, ref, kv_expanded=True))
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+                skipped[f"{name} expanded B={B} S={S}"] = str(exc).splitlines()[0][:200]
+            k_e = v_e = None
+            torch.cuda.empty_cache()
         del ref
         k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
         del k, v
