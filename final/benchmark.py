@@ -338,6 +338,7 @@ def _ceilings() -> dict:
         return {}
 
 
+@torch.no_grad()  # every figure here is of inference: no autograd graph is recorded
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group()

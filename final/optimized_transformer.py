@@ -26,7 +26,15 @@ SGEMM reaches about 0.75-0.8 of cuBLAS (phase6_layernorm_mlp/results), so this i
 choice when the MLP dominates; the benchmark measures both at its profile shape.
 
 Profiler ranges carry the baseline's names ("attention", "layer_norm", "mlp") so final.benchmark
-splits both models' GPU time the same way. Inference only (forward runs under no_grad).
+splits both models' GPU time the same way.
+
+Training: the forward records autograd (callers that only run inference use torch.no_grad()), and
+every step above has a backward: the attention's from the phase 5 ops' registered autograd,
+LayerNorm (with its residual add), GELU and phase 6's SGEMMs from phase 6's backward kernels
+(phase6_layernorm_mlp/__init__.py), the rest from PyTorch (F.linear on cuBLAS, embeddings, copies).
+With autograd on, phase 6's MLP runs GEMM 1 without its GELU epilogue and the GELU kernel after
+it, so that the backward has the pre-activation; with grad off it keeps the fused epilogue.
+final.train trains it beside the baseline.
 Importing this module builds nothing; the extensions are built on the first forward.
 """
 
@@ -98,7 +106,6 @@ class OptimizedTransformer(nn.Module):
             return p6.mlp(h, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, approximate="tanh")
         return F.linear(p6.gelu(F.linear(h, mlp.fc1.weight, mlp.fc1.bias), "tanh"), mlp.fc2.weight, mlp.fc2.bias)
 
-    @torch.no_grad()
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx [B, S] int64 tokens (CUDA) -> logits [B, S, vocab] in the model's dtype."""
         if idx.dim() != 2:

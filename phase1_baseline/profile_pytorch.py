@@ -1,5 +1,6 @@
 """The measurements of phase 1 (run.py calls them on a GPU and writes results/metrics.json).
 
+Every measurement is of inference: the model runs under torch.no_grad().
 - profile_ops: torch.profiler over one forward at batch 8, seq 1024: the share of the GPU time in
   each named range (attention and its five steps, mlp, layer_norm) and the top kernels;
 - model_rows: forward time, tokens/s and peak memory for seq 128-1024 and batch 1, 8, 32, with the
@@ -28,6 +29,7 @@ RANGES = ("attention", "mlp", "layer_norm", "attention.qk", "attention.scale", "
 STEPS = ("qk", "scale", "mask", "softmax", "av")
 
 
+@torch.no_grad()
 def profile_ops(top: int = 15) -> dict:
     """torch.profiler over one forward: the top kernels by GPU time, and the share of the GPU time
     spent in each named range (attention and its steps, mlp, layer_norm)."""
@@ -46,6 +48,7 @@ def profile_ops(top: int = 15) -> dict:
             "range_shares": {name: us / total for name, us in range_us.items()}}
 
 
+@torch.no_grad()
 def model_rows(seq_lens=SEQ_LENS, batches=BATCHES) -> list[dict]:
     """Forward time, tokens/s and peak memory, eager math attention vs SDPA, same weights and tokens."""
     models = {"torch_eager": build_model(device="cuda", attention="math"),

@@ -1,9 +1,11 @@
 """A GPT-style decoder in plain PyTorch: the baseline every later phase is measured against.
 
 4 layers, hidden 512, 8 heads, pre-LayerNorm, MLP 4x with GELU (tanh), byte-level vocabulary.
-Inference only. Causal self-attention is written as explicit math (QK^T, scale, mask, softmax, AV),
-each step in its own profiler range so it shows by name in torch.profiler; `attention="sdpa"`
-switches to torch's scaled_dot_product_attention.
+The forward records autograd like any nn.Module: loss.backward() trains it (final.train does);
+callers that only run inference wrap their calls in torch.no_grad(). Causal self-attention is
+written as explicit math (QK^T, scale, mask, softmax, AV), each step in its own profiler range so
+it shows by name in torch.profiler; `attention="sdpa"` switches to torch's
+scaled_dot_product_attention.
 
 Data: synthetic token batches by default; `--text FILE` reads a local text file at byte level.
 `python -m phase1_baseline.pytorch_transformer [--text FILE] [--batch 8] [--seq 256]` runs one
@@ -133,7 +135,6 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.attn.set_attention(attention)
 
-    @torch.no_grad()
     def forward(self, idx):
         """idx [B, S] int64 tokens -> logits [B, S, vocab]."""
         B, S = idx.shape
@@ -146,6 +147,13 @@ class GPT(nn.Module):
         with record_function("layer_norm"):
             x = self.ln_f(x)
         return self.lm_head(x)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, S, vocab] against the next tokens targets [B, S], in FP32
+    (or float64 for float64 logits)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def _init_weights(module):
@@ -187,8 +195,9 @@ def main(argv=None) -> None:
     model = build_model(device=device, attention=args.attention)
     idx = (text_batch(args.text, args.batch, args.seq + 1, device=device) if args.text
            else synthetic_batch(args.batch, args.seq + 1, device=device))
-    logits = model(idx[:, :-1])
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), idx[:, 1:].reshape(-1))
+    with torch.no_grad():
+        logits = model(idx[:, :-1])
+    loss = next_token_loss(logits, idx[:, 1:])
     params = sum(p.numel() for p in model.parameters())
     print(f"{params / 1e6:.1f} M parameters on {device}; logits {tuple(logits.shape)}; loss {loss.item():.3f}")
 

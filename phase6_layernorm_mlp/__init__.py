@@ -9,6 +9,15 @@ Public API (inputs are validated here first; every error names the argument it r
     mlp(x, w1, b1, w2, b2, residual=None, approximate="tanh")
         = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue SGEMMs)
 
+Backward (every op above is differentiable: torch.library.register_autograd on its op):
+    layer_norm_backward(dy, s, weight=None, eps=1e-5, dsum=None, param_grads=True) -> (ds, dweight, dbias)
+        s the LayerNorm's input (x, or add_layer_norm's sum); dsum is added to ds
+    gelu_backward(dy, x, approximate="tanh") -> dy * gelu'(x)
+    linear's backward: dX on this phase's SGEMM (against a transposed copy of the weight), dW on
+    cuBLAS (torch.matmul: it reads the transposed activations in place), db a column sum.
+    mlp with autograd on: GEMM 1 without its GELU epilogue (its output, the pre-activation, is what
+    the GELU backward needs), the GELU kernel, GEMM 2; with grad off, the fused path.
+
 LayerNorm and GELU take float32, float16 and bfloat16 (statistics and math in FP32); linear and
 mlp take float32. Weights are laid out as nn.Linear's: [out_features, in_features].
 Importing this package builds nothing; the extension is built (or loaded) by the first call.
@@ -24,7 +33,7 @@ from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
-SOURCES = ["ops.cpp", "layer_norm.cu", "gelu.cu", "linear.cu", "linear_async.cu"]
+SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu"]
 # The SGEMM's kernels and tile configurations, in variant order (linear.cu's and linear_async.cu's
 # headers); LINEAR_DEFAULT is the variant that won in run.py's timing on the H100.
 LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
@@ -36,10 +45,19 @@ LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
 LINEAR_DEFAULT = 0
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+# linear's activation -> the GELU form its backward differentiates.
+GELU_FORM = {"gelu_tanh": "tanh", "gelu": "none"}
+
+
+def _register() -> None:
+    """Shape-only (meta) implementations, so torch.compile can trace through the ops, and the
+    backward formulas that make the forward ops differentiable."""
+    _register_fakes()
+    _register_autograd()
 
 
 def _register_fakes() -> None:
-    """Shape-only (meta) implementations, so torch.compile can trace through the ops."""
+    """Shape-only (meta) implementations of every op."""
 
     @torch.library.register_fake(f"{NAME}::layer_norm")
     def _(x, weight, bias, eps):
@@ -57,8 +75,102 @@ def _register_fakes() -> None:
     def _(x, weight, bias, activation, residual, variant=0):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
+    @torch.library.register_fake(f"{NAME}::layer_norm_backward")
+    def _(dy, s, weight, dsum, eps, param_grads):
+        n = s.shape[-1] if param_grads else 0
+        return torch.empty_like(s), s.new_empty((n,)), s.new_empty((n,))
 
-load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
+    @torch.library.register_fake(f"{NAME}::gelu_backward")
+    def _(dy, x, approximate):
+        return torch.empty_like(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Autograd: the backward of each forward op, from the ops above (and cuBLAS for linear's dW)
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _ln_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dweight, dbias = load().layer_norm_backward(dy.contiguous(), x, weight, None, ctx.eps, needs[1] or needs[2])
+    return dx, dweight if needs[1] else None, dbias if needs[2] else None, None
+
+
+def _add_ln_setup(ctx, inputs, output):
+    x, residual, weight, bias, eps = inputs
+    ctx.save_for_backward(output[1], weight)  # the sum s = x + residual: the LayerNorm's input
+    ctx.eps = eps
+
+
+def _add_ln_backward(ctx, dy, dsum):
+    s, weight = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    if dy is None:
+        dy = torch.zeros_like(s)
+    dsum = None if dsum is None else dsum.contiguous()
+    ds, dweight, dbias = load().layer_norm_backward(dy.contiguous(), s, weight, dsum, ctx.eps, needs[2] or needs[3])
+    # s = x + residual: both receive ds.
+    return (ds if needs[0] else None, ds if needs[1] else None, dweight if needs[2] else None,
+            dbias if needs[3] else None, None)
+
+
+def _gelu_setup(ctx, inputs, output):
+    x, approximate = inputs
+    ctx.save_for_backward(x)
+    ctx.approximate = approximate
+
+
+def _gelu_backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return load().gelu_backward(dy.contiguous(), x, ctx.approximate), None
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, activation, residual, *variant = inputs
+    ctx.save_for_backward(x, weight, bias if activation != "none" else None)
+    ctx.activation, ctx.variant = activation, variant[0] if variant else 0
+    ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
+
+
+def _linear_backward(ctx, dout):
+    """out = act(x W^T + b) + residual, x [M, K] (leading dims flattened), W [N, K]:
+    dpre = dout * act'(pre), dx = dpre W (this phase's SGEMM, NT against W^T copied: N x K floats),
+    dW = dpre^T x and db = column sums of dpre (cuBLAS: it reads dpre^T and x in place, where this
+    phase's SGEMM would need transposed copies of both M-row activations), dresidual = dout.
+    With an activation, the pre-activation is recomputed by one more GEMM (mlp avoids that: with
+    autograd on it runs GEMM 1 without the activation)."""
+    x, weight, bias = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    ops = load()
+    dout = dout.contiguous()
+    dpre = dout
+    if ctx.activation != "none":
+        pre = ops.linear(x, weight, bias, "none", None, ctx.variant)
+        dpre = ops.gelu_backward(dout, pre, GELU_FORM[ctx.activation])
+    N, K = weight.shape
+    dpre2 = dpre.reshape(-1, N)
+    dx = ops.linear(dpre, weight.t().contiguous(), None, "none", None, ctx.variant) if needs[0] else None
+    dweight = dpre2.t() @ x.reshape(-1, K) if needs[1] else None
+    dbias = dpre2.sum(0) if ctx.has_bias and needs[2] else None
+    dresidual = dout if ctx.has_residual and needs[4] else None
+    return dx, dweight, dbias, None, dresidual, None
+
+
+def _register_autograd() -> None:
+    for op, backward, setup in (("layer_norm", _ln_backward, _ln_setup),
+                                ("add_layer_norm", _add_ln_backward, _add_ln_setup),
+                                ("gelu", _gelu_backward, _gelu_setup),
+                                ("linear", _linear_backward, _linear_setup)):
+        torch.library.register_autograd(f"{NAME}::{op}", backward, setup_context=setup)
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,6 +239,32 @@ def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return load().gelu(x.contiguous(), approximate)
 
 
+def layer_norm_backward(dy: torch.Tensor, s: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-5,
+                        dsum: torch.Tensor | None = None, param_grads: bool = True):
+    """The gradients of y = LayerNorm(s) * weight + bias given dy = dL/dy: (ds, dweight, dbias).
+
+    s is the LayerNorm's input (x for layer_norm, the sum output for add_layer_norm); dsum, a
+    gradient that reached s by another path (add_layer_norm's sum output), is added to ds.
+    dweight and dbias ([hidden], s's dtype) are computed when param_grads, else empty tensors."""
+    s = _check_x(s, "s")
+    dy = _check_like(dy, "dy", s, tuple(s.shape), "the shape of s")
+    if weight is not None:
+        weight = _check_like(weight, "weight", s, (s.shape[-1],), "the last dimension of s")
+    if dsum is not None:
+        dsum = _check_like(dsum, "dsum", s, tuple(s.shape), "the shape of s")
+    return load().layer_norm_backward(dy, s, weight, dsum, _check_eps(eps), bool(param_grads))
+
+
+def gelu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """dy * gelu'(x) elementwise, for the form the forward used ("tanh" or "none")."""
+    check_cuda_tensor(x, "x", FLOAT_DTYPES)
+    x = x.contiguous()
+    dy = _check_like(dy, "dy", x, tuple(x.shape), "the shape of x")
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return load().gelu_backward(dy, x, approximate)
+
+
 def _check_variant(variant) -> int:
     if variant is None:
         return LINEAR_DEFAULT
@@ -164,6 +302,8 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Te
     """The Transformer MLP: gelu(x @ w1.T + b1) @ w2.T + b2 (+ residual), FP32.
 
     GEMM 1 applies bias and GELU in its epilogue; GEMM 2 applies bias and the residual add in its.
+    With autograd recording (grad enabled and an input that requires grad), GEMM 1 applies the bias
+    only and the GELU kernel runs after it, so that the backward has the pre-activation.
     variant: both GEMMs' kernel and tile configuration (LINEAR_TILES; None: LINEAR_DEFAULT).
     """
     variant = _check_variant(variant)
@@ -184,5 +324,10 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Te
     if residual is not None:
         residual = _check_like(residual, "residual", x, (*x.shape[:-1], out_features), "the output's shape")
     ops = load()
-    h = ops.linear(x, w1, b1, "gelu_tanh" if approximate == "tanh" else "gelu", None, variant)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2, residual)):
+        # Training: the GELU backward needs the pre-activation, so GEMM 1 writes it (no epilogue
+        # GELU) and the GELU kernel follows; the fused epilogue would make the backward redo GEMM 1.
+        h = ops.gelu(ops.linear(x, w1, b1, "none", None, variant), approximate)
+    else:
+        h = ops.linear(x, w1, b1, "gelu_tanh" if approximate == "tanh" else "gelu", None, variant)
     return ops.linear(h, w2, b2, "none", residual, variant)

@@ -19,6 +19,25 @@ void launch_layer_norm(DType dtype, const void* x, const void* residual, const v
 // y = gelu(x) elementwise over n elements.
 void launch_gelu(DType dtype, const void* x, void* y, int64_t n, Activation act, cudaStream_t stream);
 
+// dx = dy * gelu'(x) elementwise over n elements.
+void launch_gelu_backward(DType dtype, const void* dy, const void* x, void* dx, int64_t n, Activation act,
+                          cudaStream_t stream);
+
+// LayerNorm backward (layer_norm_backward.cu), s the LayerNorm's input (x, or add_layer_norm's sum):
+// ds = dLN/ds^T dy (+ dsum), and with partial_dgamma / partial_dbeta (FP32 [partial_rows, hidden];
+// both nullptr for none) one row of column sums of dy * xhat and dy per block. gamma and dsum may
+// be nullptr. layer_norm_backward_partial_rows gives the partial_rows the launch will use for these
+// arguments, so that the caller sizes the partials; launch_layer_norm_param_reduce then adds them
+// up into dgamma and dbeta.
+int64_t layer_norm_backward_partial_rows(DType dtype, const void* dy, const void* s, const void* gamma,
+                                         const void* dsum, const void* ds, int64_t rows, int64_t hidden);
+void launch_layer_norm_backward(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
+                                void* ds, float* partial_dgamma, float* partial_dbeta, int64_t partial_rows,
+                                int64_t rows, int64_t hidden, float eps, cudaStream_t stream);
+void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, const float* partial_dbeta,
+                                    int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
+                                    cudaStream_t stream);
+
 // C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
 // variant in [0, kLinearVariants) picks the kernel and its tile configuration: the first
 // kStagedVariants are linear.cu's (loads staged through registers), the next kAsyncVariants

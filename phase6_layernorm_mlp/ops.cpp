@@ -84,6 +84,55 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at:
   return layer_norm_impl(x, residual, weight, bias, eps);
 }
 
+// Backward of layer_norm / add_layer_norm: dy and s (the LayerNorm's input: x, or the sum output of
+// add_layer_norm) of one shape; dsum (optional, s's shape) is added to ds. Returns ds and, with
+// param_grads, dgamma and dbeta ([hidden], x's dtype; empty tensors otherwise).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& dy, const at::Tensor& s,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const std::optional<at::Tensor>& dsum, double eps,
+                                                                   bool param_grads) {
+  TORCH_CHECK(s.is_cuda(), "s must be a CUDA tensor, got device ", s.device());
+  const DType dtype = to_dtype(s, "s");
+  TORCH_CHECK(s.dim() >= 1 && s.size(-1) > 0, "s must have a non-empty last dimension, got ", s.sizes());
+  TORCH_CHECK(s.is_contiguous(), "s must be contiguous");
+  TORCH_CHECK(eps >= 0.0, "eps must be >= 0, got ", eps);
+  check_tensor(dy, "dy", s);
+  TORCH_CHECK(dy.sizes() == s.sizes(), "dy must have s's shape ", s.sizes(), ", got ", dy.sizes());
+  const c10::cuda::CUDAGuard guard(s.device());
+  const void* gamma = optional_param(weight, "weight", s);
+  const void* extra = nullptr;
+  if (dsum.has_value()) {
+    check_tensor(*dsum, "dsum", s);
+    TORCH_CHECK(dsum->sizes() == s.sizes(), "dsum must have s's shape ", s.sizes(), ", got ", dsum->sizes());
+    extra = dsum->data_ptr();
+  }
+  const int64_t hidden = s.size(-1);
+  const int64_t rows = s.numel() / hidden;
+  at::Tensor ds = at::empty_like(s);
+  at::Tensor dgamma = at::empty({param_grads ? hidden : 0}, s.options());
+  at::Tensor dbeta = at::empty({param_grads ? hidden : 0}, s.options());
+  if (rows == 0) return {ds, dgamma.zero_(), dbeta.zero_()};
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t partial_rows = layer_norm_backward_partial_rows(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra,
+                                                                ds.data_ptr(), rows, hidden);
+  at::Tensor partials;  // [2, partial_rows, hidden] FP32: dgamma's and dbeta's column sums per block
+  float* pg = nullptr;
+  float* pb = nullptr;
+  if (param_grads) {
+    partials = at::empty({2, partial_rows, hidden}, s.options().dtype(at::kFloat));
+    pg = partials.data_ptr<float>();
+    pb = pg + partial_rows * hidden;
+  }
+  launch_layer_norm_backward(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra, ds.data_ptr(), pg, pb, partial_rows,
+                             rows, hidden, static_cast<float>(eps), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (param_grads) {
+    launch_layer_norm_param_reduce(dtype, pg, pb, partial_rows, hidden, dgamma.data_ptr(), dbeta.data_ptr(), stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {ds, dgamma, dbeta};
+}
+
 Activation parse_activation(const std::string& name, const char* arg) {
   if (name == "none") return Activation::kNone;
   if (name == "gelu_tanh" || name == "tanh") return Activation::kGeluTanh;
@@ -105,6 +154,25 @@ at::Tensor gelu(const at::Tensor& x, const std::string& approximate) {
               c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+// dx = dy * gelu'(x), dy and x of one shape and dtype.
+at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate) {
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got device ", x.device());
+  const DType dtype = to_dtype(x, "x");
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  check_tensor(dy, "dy", x);
+  TORCH_CHECK(dy.sizes() == x.sizes(), "dy must have x's shape ", x.sizes(), ", got ", dy.sizes());
+  TORCH_CHECK(approximate == "tanh" || approximate == "none", "approximate must be 'tanh' or 'none', got '",
+              approximate, "'");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  if (x.numel() == 0) return dx;
+  launch_gelu_backward(dtype, dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.numel(),
+                       approximate == "tanh" ? Activation::kGeluTanh : Activation::kGeluErf,
+                       c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dx;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -158,6 +226,9 @@ TORCH_LIBRARY(phase6_layernorm_mlp, m) {
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor");
   m.def("add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
   m.def("gelu(Tensor x, str approximate) -> Tensor");
+  m.def("layer_norm_backward(Tensor dy, Tensor s, Tensor? weight, Tensor? dsum, float eps, bool param_grads) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("gelu_backward(Tensor dy, Tensor x, str approximate) -> Tensor");
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation, Tensor? residual, int variant=0) -> Tensor");
 }
 
@@ -165,5 +236,7 @@ TORCH_LIBRARY_IMPL(phase6_layernorm_mlp, CUDA, m) {
   m.impl("layer_norm", &phase6::layer_norm);
   m.impl("add_layer_norm", &phase6::add_layer_norm);
   m.impl("gelu", &phase6::gelu);
+  m.impl("layer_norm_backward", &phase6::layer_norm_backward);
+  m.impl("gelu_backward", &phase6::gelu_backward);
   m.impl("linear", &phase6::linear);
 }

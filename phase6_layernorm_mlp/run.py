@@ -7,6 +7,10 @@
 - The MLP at 8192 tokens, 512 -> 2048 -> 512, FP32, beside torch eager (torch_mlp, TF32 off) and
   torch.compile (torch_mlp_compiled); each GEMM beside cuBLAS SGEMM; then every SGEMM variant
   (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant).
+- The backward: LayerNorm backward (dx, dgamma, dbeta; FP32, BF16) at rows 16384 / 65536 x hidden
+  512 / 1024 / 4096 beside torch's (aten native_layer_norm_backward with the mean and rstd its
+  forward saved), GB/s from layer_norm_backward_bytes; GELU backward (tanh) beside aten's; the MLP's
+  forward + backward (autograd) beside torch eager's.
 - ncu on one call of each kernel at the headline shapes (a `--profile-target all` run of this file).
 Writes results/metrics.json, then renders the README tables and the plots that manifest.json
 declares (utils.render); without a GPU it only renders, from the committed results. --quick: fewer
@@ -110,6 +114,76 @@ def bench_gelu() -> list[dict]:
     return [measured({"impl": impl, **fields}, fn, nbytes=2.0 * x.numel() * x.element_size(), ref=ref)
             for impl, fn in (("phase6_gelu", lambda: p6.gelu(x, "tanh")),
                              ("torch_gelu", lambda: F.gelu(x, approximate="tanh")))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward
+
+
+def layer_norm_backward_bytes(rows, hidden, elem_bytes=4) -> float:
+    """The minimum traffic of a LayerNorm backward: read x (the LayerNorm's input) and dy, write dx,
+    one row each; read gamma, write dgamma and dbeta once. Our kernel also writes and reads its
+    FP32 column partial sums (2 x teams x hidden x 4 bytes, a few % here: README); torch's reads the
+    mean and rstd its forward saved (8 bytes per row). Neither extra is counted."""
+    return float(elem_bytes) * (3 * rows * hidden + 3 * hidden)
+
+
+def bench_layer_norm_backward(ceilings: dict, quick: bool) -> list[dict]:
+    configs = [{"rows": r, "hidden": h, "dtype": d} for d in LN_DTYPES for r in LN_ROWS for h in LN_HIDDEN]
+    if quick:
+        configs = [c for c in configs if c["rows"] == LN_ROWS[0] and c["dtype"] == torch.float32]
+
+    def run_one(c):
+        rows, hidden, dtype = c["rows"], c["hidden"], c["dtype"]
+        x, dy = randn(rows, hidden, dtype=dtype), randn(rows, hidden, dtype=dtype)
+        w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [hidden], w, b, 1e-5)
+        x64 = x[:REF_ROWS].double().requires_grad_()
+        reference.layer_norm(x64, w).backward(dy[:REF_ROWS].double())
+        impls = {"phase6_layer_norm": lambda: p6.layer_norm_backward(dy, x, w),
+                 "torch_layer_norm": lambda: torch.ops.aten.native_layer_norm_backward(
+                     dy, x, [hidden], mean, rstd, w, b, [True, True, True])}
+        fields = {"op": "layer_norm_backward", "rows": rows, "hidden": hidden,
+                  "dtype": str(dtype).removeprefix("torch."), "flush": LN_FLUSH}
+        nbytes = layer_norm_backward_bytes(rows, hidden, x.element_size())
+        out = [measured({"impl": impl, **fields}, fn, None, nbytes, x64.grad, flush=LN_FLUSH)
+               for impl, fn in impls.items()]
+        del x, dy
+        torch.cuda.empty_cache()
+        return out
+
+    return sweep(configs, run_one, desc="layer_norm_backward")
+
+
+def bench_gelu_backward() -> list[dict]:
+    x, dy = randn(MLP_SHAPE["tokens"], MLP_SHAPE["inner"]), randn(MLP_SHAPE["tokens"], MLP_SHAPE["inner"])
+    x64 = x[:REF_ROWS].double().requires_grad_()
+    reference.gelu(x64, "tanh").backward(dy[:REF_ROWS].double())
+    fields = {"op": "gelu_backward", "rows": x.shape[0], "hidden": x.shape[1], "dtype": "float32"}
+    return [measured({"impl": impl, **fields}, fn, nbytes=3.0 * x.numel() * x.element_size(), ref=x64.grad)
+            for impl, fn in (("phase6_gelu", lambda: p6.gelu_backward(dy, x, "tanh")),
+                             ("torch_gelu", lambda: torch.ops.aten.gelu_backward(dy, x, approximate="tanh")))]
+
+
+def bench_mlp_backward(quick: bool) -> list[dict]:
+    """The MLP's forward + backward through autograd (every input and weight requires grad), ours
+    beside torch eager's: dX on phase 6's SGEMM, dW on cuBLAS (README: Backward)."""
+    shape = {**MLP_SHAPE, "tokens": MLP_SHAPE["tokens"] // (4 if quick else 1)}
+    inputs = [t.requires_grad_() for t in mlp_inputs(**shape)]
+    dout = randn(shape["tokens"], shape["hidden"])
+
+    def step(fn):
+        def run():
+            for t in inputs:
+                t.grad = None
+            fn(*inputs).backward(dout)
+        return run
+
+    # forward 2 GEMMs + backward 4 GEMMs (dX and dW of each): 3 x the forward's FLOPs
+    flops = 3 * roofline.mlp_flops(shape["tokens"], shape["hidden"], shape["inner"])
+    with no_tf32():
+        return [measured({"impl": impl, "op": "mlp_fwd_bwd", **shape, "dtype": "float32"}, step(fn), flops)
+                for impl, fn in (("phase6_mlp", p6.mlp), ("torch_mlp", torch_mlp))]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -225,6 +299,7 @@ def measure(quick: bool, no_ncu: bool = False) -> Path:
     ceilings = roofline.get_ceilings()
     notes: list[str] = ["--quick run: fewer shapes, no torch.compile, no ncu"] if quick else []
     rows = bench_layer_norm(ceilings, quick) + bench_gelu() + bench_mlp(quick, notes)
+    rows += bench_layer_norm_backward(ceilings, quick) + bench_gelu_backward() + bench_mlp_backward(quick)
     records = [] if quick or no_ncu else run_ncu(notes)
     return write_results(results_dir(HERE, quick) / "metrics.json", rows, ceilings, ncu=records, notes=notes,
                          linear_default=p6.LINEAR_DEFAULT)

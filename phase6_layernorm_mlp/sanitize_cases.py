@@ -2,7 +2,8 @@
 
 Run by `python -m utils.sanitize phase6_layernorm_mlp` under compute-sanitizer memcheck and
 racecheck: unaligned views, tails of every tile, each LayerNorm version (warp, block, streaming),
-every GEMM epilogue on both load paths.
+every GEMM epilogue on both load paths; the backward kernels (each LayerNorm backward version with
+its column-sum reduction, GELU backward) and the autograd of linear and the MLP.
 """
 
 from __future__ import annotations
@@ -52,8 +53,53 @@ def main() -> None:
     w1, b1 = randn(250, 61, scale=61 ** -0.5), randn(250)
     w2, b2 = randn(61, 250, scale=250 ** -0.5), randn(61)
     assert_close(p6.mlp(x, w1, b1, w2, b2, res), reference.mlp(x, w1, b1, w2, b2, res), what="mlp")
+    backward_cases()
     torch.cuda.synchronize()
     print("phase6 sanitize cases: all correct")
+
+
+def _grad64(fn, *tensors, dy):
+    """float64 autograd through a utils.reference function, on the CPU (no kernel launches for the
+    sanitizer to slow down): the gradient of each tensor."""
+    leaves = [t.detach().cpu().double().requires_grad_() for t in tensors]
+    fn(*leaves).backward(dy.cpu().double())
+    return [t.grad for t in leaves]
+
+
+def backward_cases() -> None:
+    # LayerNorm backward: warp (7, 512), block (1000, 8192), streaming (8200, 20000); rows below
+    # and above the number of teams; each dtype, aligned and not, with dsum and gamma.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, hidden in ((5, 7), (3, 512), (2, 1000), (2, 8192), (2, 8200), (1, 20000), (2500, 64)):
+            for make in (randn, unaligned):
+                s, dy, dsum = make(rows, hidden, dtype=dtype), make(rows, hidden, dtype=dtype), make(rows, hidden, dtype=dtype)
+                w = randn(hidden, dtype=dtype)
+                ds, dw, db = p6.layer_norm_backward(dy, s, w, dsum=dsum)
+                ref_ds, ref_dw = _grad64(lambda a, g: reference.layer_norm(a, g), s, w, dy=dy)
+                assert_close(ds, ref_ds + dsum.cpu().double(), what="layer_norm_backward ds")
+                assert_close(dw, ref_dw, what="layer_norm_backward dweight")
+                assert_close(db, dy.cpu().double().sum(0), what="layer_norm_backward dbias")
+        for approximate in ("tanh", "none"):
+            for x, dy in ((randn(1037, dtype=dtype), randn(1037, dtype=dtype)),
+                          (unaligned(67, dtype=dtype), unaligned(67, dtype=dtype))):
+                (ref,) = _grad64(lambda a: reference.gelu(a, approximate), x, dy=dy)
+                assert_close(p6.gelu_backward(dy, x, approximate), ref, what="gelu_backward")
+    # linear and MLP backward (phase 6 SGEMM for dX, the GELU backward, cuBLAS for dW).
+    x, res = randn(77, 61).requires_grad_(), randn(77, 61).requires_grad_()
+    w1, b1 = randn(250, 61, scale=61 ** -0.5).requires_grad_(), randn(250).requires_grad_()
+    w2, b2 = randn(61, 250, scale=250 ** -0.5).requires_grad_(), randn(61).requires_grad_()
+    dout = randn(77, 61)
+    p6.mlp(x, w1, b1, w2, b2, res).backward(dout)
+    refs = _grad64(reference.mlp, x, w1, b1, w2, b2, res, dy=dout)
+    for name, t, ref in zip(("x", "w1", "b1", "w2", "b2", "residual"), (x, w1, b1, w2, b2, res), refs):
+        assert_close(t.grad, ref, what=f"mlp backward d{name}")
+    xs = unaligned(33, 64).detach().requires_grad_()  # the scalar load path of the SGEMM for dX
+    w = randn(45, 64, scale=0.125).requires_grad_()
+    dout = randn(33, 45)
+    p6.linear(xs, w, None, "gelu").backward(dout)
+    refs = _grad64(lambda a, b: reference.gelu(a @ b.t(), "none"), xs, w, dy=dout)
+    assert_close(xs.grad, refs[0], what="linear backward dx")
+    assert_close(w.grad, refs[1], what="linear backward dweight")
 
 
 if __name__ == "__main__":

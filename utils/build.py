@@ -156,11 +156,15 @@ def _build_lock(build_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bool = False) -> None:
+def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bool = False,
+               cuda_flags: list[str] | None = None) -> None:
     """Build (if needed) and load one extension; its ops become torch.ops.<name>.*.
 
     phase_dir: the folder holding `sources`; name: the extension and op namespace, unique in the
     course. Includes: the phase folder and utils/csrc (common.cuh, attention_mask.cuh, ...).
+    cuda_flags: extra nvcc flags of this extension only. A -gencode/-arch flag among them replaces
+    the TORCH_CUDA_ARCH_LIST targets (torch adds its own only when none is given), e.g.
+    ["-gencode=arch=compute_90a,code=sm_90a"] for kernels that need Hopper's wgmma and TMA.
     """
     cuda_home = check_setup()
     import torch.utils.cpp_extension as cpp_extension
@@ -176,7 +180,7 @@ def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bo
             sources=[str(phase_dir / s) for s in sources],
             extra_include_paths=[str(CSRC), str(phase_dir), *_library_header_dirs()],
             extra_cflags=CXX_FLAGS,
-            extra_cuda_cflags=NVCC_FLAGS,
+            extra_cuda_cflags=[*NVCC_FLAGS, *(cuda_flags or [])],
             extra_ldflags=LD_FLAGS,
             build_directory=str(build_dir),
             is_python_module=False,
@@ -188,9 +192,11 @@ def load_phase(phase_dir: str | Path, name: str, sources: list[str], verbose: bo
 LOADED_OPS: dict = {}
 
 
-def op_loader(phase_dir: str | Path, name: str, sources: list[str], register_fakes=None):
+def op_loader(phase_dir: str | Path, name: str, sources: list[str], register_fakes=None,
+              cuda_flags: list[str] | None = None):
     """A phase package's load(): the first call builds and loads the extension and registers the
     ops' fake implementations (register_fakes, for torch.compile); every call returns torch.ops.<name>.
+    cuda_flags: extra nvcc flags of this extension (load_phase).
     Importing the package builds nothing (LOADED_OPS stays without the name).
 
     torch.compile traces load() as a dict lookup; the build itself cannot be traced, so it is marked
@@ -199,7 +205,7 @@ def op_loader(phase_dir: str | Path, name: str, sources: list[str], register_fak
 
     @torch.compiler.assume_constant_result
     def build_and_register() -> bool:
-        load_phase(phase_dir, name, sources)
+        load_phase(phase_dir, name, sources, cuda_flags=cuda_flags)
         if register_fakes is not None:
             register_fakes()
         LOADED_OPS[name] = getattr(torch.ops, name)

@@ -52,6 +52,13 @@ def attention_bias(
     return bias
 
 
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    """t in float64, detached, except a float64 tensor that requires grad: it stays in the autograd
+    graph, so that float64 autograd through attention, layer_norm, gelu and mlp gives reference
+    gradients."""
+    return t if t.dtype == torch.float64 and t.requires_grad else t.detach().to(torch.float64)
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -63,9 +70,10 @@ def attention(
 ):
     """softmax(scale * q k^T + bias) v in float64; fully masked rows give zeros.
 
-    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse).
+    Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse). Float64 inputs
+    that require grad stay in the autograd graph (attention_grads).
     """
-    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    q64, k64, v64 = (_f64(t) for t in (q, k, v))
     B, H, Sq, D = q64.shape
     Sk = k64.shape[2]
     if k64.shape != (B, H, Sk, D) or v64.shape != (B, H, Sk, D):
@@ -84,6 +92,22 @@ def attention(
         return out
     lse = torch.where(fully_masked, -math.inf, row_max + torch.log(row_sum)).squeeze(-1)
     return out, lse
+
+
+def attention_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    stride: int | None = None,
+    key_lengths: torch.Tensor | None = None,
+):
+    """(dq, dk, dv) in float64: autograd through attention() (fully masked rows, whose output is
+    zero, get zero gradients) with output gradient dout. The mask gets no gradient."""
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths)
+        return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
 
 
 def decode_attention(
@@ -145,22 +169,22 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None):
     """LayerNorm over the last dimension in float64 (two-pass); with residual, of x + residual."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     if residual is not None:
-        x64 = x64 + residual.detach().to(torch.float64)
+        x64 = x64 + _f64(residual)
     mean = x64.mean(dim=-1, keepdim=True)
     var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
     y = (x64 - mean) / torch.sqrt(var + eps)
     if weight is not None:
-        y = y * weight.detach().to(torch.float64)
+        y = y * _f64(weight)
     if bias is not None:
-        y = y + bias.detach().to(torch.float64)
+        y = y + _f64(bias)
     return y
 
 
 def gelu(x, approximate: str = "none"):
     """GELU in float64: 'none' is the exact erf form, 'tanh' the tanh approximation."""
-    x64 = x.detach().to(torch.float64)
+    x64 = _f64(x)
     # Written without 1 + tanh(u) or 1 + erf(z), which cancel for large negative x (at x = -7 the
     # float64 1 + tanh(u) form is 0.7% off): 0.5 (1 + tanh(u)) = sigmoid(2u), 1 + erf(z) = erfc(-z).
     if approximate == "tanh":
@@ -172,13 +196,12 @@ def gelu(x, approximate: str = "none"):
 
 def mlp(x, w1, b1, w2, b2, residual=None, approximate: str = "tanh"):
     """Transformer MLP in float64: gelu(x w1^T + b1) w2^T + b2 (+ residual). Weights as nn.Linear."""
-    x64 = x.detach().to(torch.float64)
-    h = x64 @ w1.detach().to(torch.float64).t()
+    h = _f64(x) @ _f64(w1).t()
     if b1 is not None:
-        h = h + b1.detach().to(torch.float64)
-    y = gelu(h, approximate) @ w2.detach().to(torch.float64).t()
+        h = h + _f64(b1)
+    y = gelu(h, approximate) @ _f64(w2).t()
     if b2 is not None:
-        y = y + b2.detach().to(torch.float64)
+        y = y + _f64(b2)
     if residual is not None:
-        y = y + residual.detach().to(torch.float64)
+        y = y + _f64(residual)
     return y

@@ -91,3 +91,21 @@ def test_extension_packages_are_the_packages_that_define_load():
     with_kernels = [m["name"] for m in lessons() if any(m["_dir"].glob("*.cu"))]
     assert with_kernels and set(with_kernels) <= set(found)
     assert all(build.defines_load(p) for p in found)
+
+
+def test_cuda_flags_reach_nvcc_of_that_extension_only(monkeypatch, tmp_path):
+    """load_phase's cuda_flags are appended to the course's nvcc flags (a -gencode there replaces
+    torch's TORCH_CUDA_ARCH_LIST targets); without them the flags are the course's own."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    calls = []
+    monkeypatch.setattr(build, "check_setup", lambda: tmp_path)
+    monkeypatch.setattr(build, "BUILD_ROOT", tmp_path)
+    monkeypatch.setattr(build, "_library_header_dirs", lambda: [])
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs))
+    gencode = "-gencode=arch=compute_90a,code=sm_90a"
+    build.load_phase(tmp_path, "flags_a", ["x.cu"], cuda_flags=[gencode])
+    build.load_phase(tmp_path, "flags_b", ["x.cu"])
+    assert calls[0]["extra_cuda_cflags"] == [*build.NVCC_FLAGS, gencode]
+    assert calls[1]["extra_cuda_cflags"] == build.NVCC_FLAGS
+    assert build.NVCC_FLAGS == ["-O3", "-lineinfo"]  # the shared list is not modified

@@ -12,6 +12,9 @@ attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_leng
     to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0), key_lengths [B]
     (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
     Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
+    Differentiable in q, k, v (not in the mask): the backward is phase5_fused.backward's FP32
+    kernel (FlashAttention-2, Algorithm 2); when an input requires grad the forward also writes lse,
+    the one statistic the backward needs.
 
 Nothing is built at import; the extension is compiled on the first call (or load()).
 The FP16/BF16 tensor-core kernel is the next lesson: phase5_fused.tensor_cores.
@@ -48,6 +51,11 @@ def _register_fakes() -> None:
 
     for name in KERNELS:
         torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
+    # Autograd: the next lesson's backward kernels (built on the first backward call). That lesson
+    # imports nothing of this one, so this lazy import closes no circle.
+    from phase5_fused.backward import autograd
+
+    autograd.register_fp32([f"phase5_fused::attention_{name}" for name in KERNELS])
 
 
 load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes)
@@ -75,8 +83,10 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     if not torch.compiler.is_compiling():  # traced tensors have no data pointer
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
+    # The backward needs the logsumexp: ask for it when autograd will want a gradient.
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
-            1 if stride is None else stride, key_lengths, bool(return_lse))
+            1 if stride is None else stride, key_lengths, bool(return_lse) or needs_grad)
     op = getattr(ops, f"attention_{kernel}")
     out, lse = op(*args, variant) if kernel == "fast" else op(*args)
     return (out, lse) if return_lse else out

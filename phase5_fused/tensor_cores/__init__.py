@@ -7,6 +7,9 @@ Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligne
 SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
 broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
 Accumulation and the softmax statistics are FP32; the output has the inputs' dtype.
+return_lse=True also returns the rows' logsumexp ([B, H, Sq] float32, natural log, -inf for a row
+with no visible key; op attention_lse). Differentiable in q, k, v (not the mask): the backward is
+phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -38,6 +41,17 @@ def _register_fakes() -> None:
     def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out):
         return None
 
+    @torch.library.register_fake(f"{NAME}::attention_lse")
+    def _attention_lse_fake(q, k, v, mask, is_causal, scale, key_lengths):
+        B, H, Sq, _ = q.shape
+        return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+    # Autograd of attention_lse: the backward lesson's kernels (built on the first backward call).
+    # That lesson imports nothing of this one, so this lazy import closes no circle.
+    from phase5_fused.backward import autograd
+
+    autograd.register_tc(f"{NAME}::attention_lse")
+
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 
@@ -48,14 +62,15 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None,
-              key_lengths=None, out: torch.Tensor | None = None) -> torch.Tensor:
+              key_lengths=None, out: torch.Tensor | None = None, return_lse: bool = False):
     """softmax(scale * q k^T + mask) v on tensor cores.
 
     q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
     SUPPORTED_D; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
     or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
-    are padding. out: optional contiguous output tensor shaped like q (written in place).
+    are padding. out: optional contiguous output tensor shaped like q (written in place; not
+    differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32).
     """
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
@@ -66,8 +81,14 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     if not tracing:
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if out is None and (return_lse or needs_grad):  # the backward needs the logsumexp
+        result, lse = ops.attention_lse(q, k, v, mask, is_causal, float(scale), key_lengths)
+        return (result, lse) if return_lse else result
     if out is None:
         return ops.attention(q, k, v, mask, is_causal, float(scale), key_lengths)
+    if needs_grad or return_lse:
+        raise ValueError("out= writes in place: it cannot record a gradient or return lse; pass out=None")
     check_cuda_tensor(out, "out", (q.dtype,), dim=4)
     if out.shape != q.shape or not out.is_contiguous() or (not tracing and out.data_ptr() % 16 != 0):
         raise ValueError(f"out must be a contiguous, 16-byte aligned tensor of q's shape {tuple(q.shape)}")

@@ -38,6 +38,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * course::kWarpSize;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Tile sizes per head dim: Br query rows per block (Br / 4 per warp), Bc keys per K/V block,
 // kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) D * 2 bytes; two
@@ -78,6 +79,7 @@ struct Params {
   const void* k;
   const void* v;
   void* o;
+  float* lse;              // [B, H, Sq] natural-log row logsumexp (the backward's input), or nullptr
   const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
   int H, Sq, Sk;
   float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
@@ -371,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   // this warp's own rows of sQ (only this warp ever read them) and stored as coalesced 16-byte rows.
   course::cp_async_wait<0>();
   __syncthreads();  // with n_blocks = 0, other threads' Q copies may still be landing in sQ
-  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO, once the teaching kernel's tests pass, for this thread's two rows of each m16 tile: the 4 lanes' partial sums of a row added, then O / l (zeros when l = 0) rounded to T into this warp's own rows of sQ, swizzled as the copy below reads them (tc::swizzle) (README: Design)
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO, once the teaching kernel's tests pass, for this thread's two rows of each m16 tile: the 4 lanes' partial sums of a row added, then O / l (zeros when l = 0) rounded to T into this warp's own rows of sQ, swizzled as the copy below reads them (tc::swizzle); when p.lse is set, one lane per row writes the logsumexp (m + log2 l) ln 2 (-inf when l = 0) (README: Design)
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
@@ -381,6 +383,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       total += __shfl_xor_sync(course::kFullMask, total, 2);
       const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
       const int row = warp_row0 + mt * 16 + (lane >> 2) + r * 8;
+      // The row's logsumexp, only when asked (the backward pass recomputes P from it): m is in
+      // log2 units, so ln(sum exp) = (m + log2 l) ln 2.
+      if (p.lse != nullptr && (lane & 3) == 0 && q0 + row < p.Sq)
+        p.lse[bh * p.Sq + q0 + row] = total > 0.0f ? (m[mt][r] + log2f(total)) * kLn2 : -CUDART_INF_F;
 #pragma unroll
       for (int dn = 0; dn < kDn; ++dn) {
         T* dst = sQ + row * D + tc::swizzle<kChunks>(row, dn) * 8 + (lane & 3) * 2;
@@ -447,13 +453,14 @@ void launch_for_dtype(const Params& p, int B, at::ScalarType dtype, cudaStream_t
 }  // namespace
 
 void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                         const int* key_lengths, const course::AttentionMasking& masking, float scale,
-                         cudaStream_t stream) {
+                         float* lse, const int* key_lengths, const course::AttentionMasking& masking,
+                         float scale, cudaStream_t stream) {
   Params p;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.o = out.data_ptr();
+  p.lse = lse;
   p.key_lengths = key_lengths;
   p.H = static_cast<int>(q.size(1));
   p.Sq = static_cast<int>(q.size(2));

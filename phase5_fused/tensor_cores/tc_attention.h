@@ -13,9 +13,11 @@ inline bool supported_head_dim(int64_t d) { return d == 32 || d == 64 || d == 96
 
 // out = softmax(scale * q k^T + bias) v for q [B,H,Sq,D], k/v [B,H,Sk,D], out [B,H,Sq,D], all
 // contiguous, 16-byte aligned, float16 or bfloat16 (checked by the caller). key_lengths: nullptr or
-// [B] int32 already clamped to [0, Sk]. Launches on `stream` and checks the launch.
+// [B] int32 already clamped to [0, Sk]. lse: nullptr, or [B, H, Sq] float32 that receives each
+// row's natural-log logsumexp (-inf for a row with no visible key). Launches on `stream` and checks
+// the launch.
 void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                         const int* key_lengths, const course::AttentionMasking& masking, float scale,
-                         cudaStream_t stream);
+                         float* lse, const int* key_lengths, const course::AttentionMasking& masking,
+                         float scale, cudaStream_t stream);
 
 }  // namespace phase5_tc

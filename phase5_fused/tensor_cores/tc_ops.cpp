@@ -2,6 +2,8 @@
 // the argument, then the launch of tc_attention.cu on the current CUDA stream.
 //   attention(q, k, v, mask, is_causal, scale, key_lengths) -> out
 //   attention_out(q, k, v, mask, is_causal, scale, key_lengths, out)   writes into `out`
+//   attention_lse(q, k, v, mask, is_causal, scale, key_lengths) -> (out, lse)   lse [B, H, Sq] float32,
+//       the rows' natural-log logsumexp (-inf for a row with no visible key), what the backward needs
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <tuple>
 
 #include "attention_args.h"
 #include "tc_attention.h"
@@ -21,9 +24,10 @@ void check_aligned(const at::Tensor& x, const char* name) {
               "need it): pass a fresh tensor or x.clone()");
 }
 
-void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                   const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
-                   const c10::optional<at::Tensor>& key_lengths, at::Tensor out) {
+// Checks, then the launch; lse: nullptr or [B, H, Sq] float32 that the kernel fills.
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+         bool is_causal, double scale, const c10::optional<at::Tensor>& key_lengths, at::Tensor& out,
+         float* lse) {
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the tensor-core kernel, got ", q.scalar_type());
   const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
@@ -54,16 +58,32 @@ void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     // Lengths past Sk mean "all keys", negative ones "no key": clamp, then int32 for the kernel.
     lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
   }
-  phase5_tc::launch_tc_attention(q, k, v, out, lengths.defined() ? lengths.data_ptr<int>() : nullptr, masking,
-                                 static_cast<float>(scale), c10::cuda::getCurrentCUDAStream());
+  phase5_tc::launch_tc_attention(q, k, v, out, lse, lengths.defined() ? lengths.data_ptr<int>() : nullptr,
+                                 masking, static_cast<float>(scale), c10::cuda::getCurrentCUDAStream());
+}
+
+void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
+                   const c10::optional<at::Tensor>& key_lengths, at::Tensor out) {
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
                      const c10::optional<at::Tensor>& key_lengths) {
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  attention_out(q, k, v, mask, is_causal, scale, key_lengths, out);
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr);
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const c10::optional<at::Tensor>& mask, bool is_causal,
+                                                 double scale, const c10::optional<at::Tensor>& key_lengths) {
+  TORCH_CHECK(q.dim() == 4, "q must be 4-D [B, H, Sq, D], got ", q.sizes());
+  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, lse.data_ptr<float>());
+  return {out, lse};
 }
 
 }  // namespace
@@ -73,9 +93,12 @@ TORCH_LIBRARY(phase5_fused_tc, m) {
         "Tensor? key_lengths) -> Tensor");
   m.def("attention_out(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
         "Tensor? key_lengths, Tensor(a!) out) -> ()");
+  m.def("attention_lse(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
+        "Tensor? key_lengths) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_tc, CUDA, m) {
   m.impl("attention", &attention);
   m.impl("attention_out", &attention_out);
+  m.impl("attention_lse", &attention_lse);
 }

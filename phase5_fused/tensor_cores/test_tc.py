@@ -282,3 +282,43 @@ def test_op_checks_name_the_argument():
         ops.attention(flat[1:].view_as(q), k, v, None, False, 0.125, None)
     with pytest.raises(RuntimeError, match="key_lengths must be \\[B\\]"):
         ops.attention(q, k, v, None, False, 0.125, torch.tensor([1, 2], device="cuda"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The row logsumexp (return_lse=True, op attention_lse): what the backward pass recomputes P from
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [32, 64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lse(D, dtype, causal):
+    """lse against torch.logsumexp of the float64 scores; -inf exactly where a row sees no key."""
+    B, H, Sq, Sk = 3, 2, 150, 333
+    q, k, v, info = make_qkv(B, H, Sq, Sk, D, dtype)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    lengths = torch.tensor([Sk, 200, 0], device="cuda")
+    out, lse = tc.attention(q, k, v, mask=mask, is_causal=causal, key_lengths=lengths, return_lse=True)
+    assert lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+    scores = scores + reference.attention_bias(B, H, Sq, Sk, mask, causal, None, lengths, q.device)
+    ref = torch.logsumexp(scores, dim=-1)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), f"-inf rows differ {info}"
+    finite = torch.isfinite(ref)
+    err = (lse.double() - ref)[finite].abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref[finite].abs().max().item()), f"lse max abs error {err:.3e} {info}"
+    # The same kernel computes out with or without lse.
+    assert torch.equal(out, tc.attention(q, k, v, mask=mask, is_causal=causal, key_lengths=lengths)), info
+
+
+@requires_gpu
+def test_lse_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = tc.load()
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 17, 64, dtype=torch.float16, device="cuda")
+        k = torch.empty(2, 3, 40, 64, dtype=torch.float16, device="cuda")
+        out, lse = ops.attention_lse(q, k, k, None, True, 0.125, None)
+    assert out.shape == q.shape and lse.shape == (2, 3, 17) and lse.dtype == torch.float32

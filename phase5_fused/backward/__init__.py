@@ -1,0 +1,93 @@
+"""Phase 5, backward: FlashAttention-2's backward pass (Dao, "FlashAttention-2", Algorithm 2).
+
+    from phase5_fused import backward
+    dq, dk, dv = backward.attention_backward(q, k, v, out, lse, dout, is_causal=True)
+
+takes the forward's inputs, its output `out` and the row logsumexp `lse` it saved ([B, H, Sq]
+float32, natural log: phase5_fused.fp32.attention(..., return_lse=True) or
+phase5_fused.tensor_cores.attention(..., return_lse=True)) and the output's gradient `dout`, and
+returns the gradients of q, k and v. float32 runs bwd_fp32.cu (the teaching kernel), float16 and
+bfloat16 run bwd_tc.cu (mma.sync tensor cores); both first compute D_i = rowsum(dO_i * O_i)
+(bwd_preprocess.cu). Semantics are the forwards' (utils.reference): bool or additive masks (no
+gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths; rows with no
+visible key, and padding keys, get zero gradients. `dlse`, optional, is the gradient of lse where a
+loss used it. Head dims: each forward's own (phase5_fused.fp32.SUPPORTED_D,
+phase5_fused.tensor_cores.SUPPORTED_D), checked by the op against the forwards' C++ lists.
+
+The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
+forward package registers when it loads its extension: phase5_fused.fp32.attention and
+phase5_fused.tensor_cores.attention are differentiable. Importing this package builds nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from utils.build import op_loader
+from utils.checks import check_attention_inputs, check_cuda_tensor
+
+NAME = "phase5_fused_bwd"
+SOURCES = ["bwd_ops.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Tile configurations of each dtype's kernel (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
+# Bc = 128); variant 0 is the default, the one autograd runs.
+VARIANTS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
+# The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
+OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",
+       torch.bfloat16: "attention_backward_tc"}
+
+
+def _register_fakes() -> None:
+    """Meta implementations, so torch.compile can trace a backward through the ops."""
+
+    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=0):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    for name in set(OPS.values()):
+        torch.library.register_fake(f"{NAME}::{name}")(fake)
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor (traced
+    tensors, which have no data pointer, are left alone)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if torch.compiler.is_compiling() or is_fake(x):
+        return x
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
+                       key_lengths=None, dlse=None, variant=0):
+    """(dq, dk, dv) of softmax(scale q k^T + mask) v, from the forward's out and lse (see the module
+    docstring). Non-contiguous inputs are copied. variant: the kernel's tile configuration
+    (VARIANTS; run.py compares them)."""
+    q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
+        q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
+        scale=scale)
+    for name, x in (("out", out), ("dout", dout)):
+        check_cuda_tensor(x, name, (q.dtype,), dim=4)
+        if x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(x.shape)}")
+    for name, x in (("lse", lse), ("dlse", dlse)):
+        if x is None and name == "dlse":
+            continue
+        check_cuda_tensor(x, name, (torch.float32,), dim=3)
+        if x.shape != (B, H, Sq):
+            raise ValueError(f"{name} must be [B, H, Sq] = {[B, H, Sq]}, got {tuple(x.shape)}")
+    if q.dtype != torch.float32 and stride not in (None, 1):
+        raise ValueError(f"stride is supported in float32 only (the tensor-core forward has none), got {stride!r}")
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
+        raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
+    out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
+    dlse = None if dlse is None else dlse.contiguous()
+    if q.dtype != torch.float32:
+        q, k, v, dout = _aligned(q), _aligned(k), _aligned(v), _aligned(dout)
+    op = getattr(load(), OPS[q.dtype])
+    return op(q, k, v, out, lse, dout, dlse, mask, is_causal, None if scale is None else float(scale),
+              1 if stride is None else stride, key_lengths, variant)

@@ -1,0 +1,42 @@
+// What bwd_ops.cpp hands to the backward kernels of phase 5 (FlashAttention-2, Algorithm 2):
+//   bwd_preprocess.cu  D_i = rowsum(dO_i * O_i) (minus dlse_i), one warp per query row
+//   bwd_fp32.cu        the FP32 teaching kernel
+//   bwd_tc.cu          the FP16 / BF16 kernel on mma.sync tensor cores
+// Plain data only, so this header is shared by the host compiler and nvcc.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "attention_mask.cuh"
+
+namespace phase5_bwd {
+
+enum class DType : int { kFloat = 0, kHalf = 1, kBFloat16 = 2 };
+
+struct BwdParams {
+  const void* q;           // [B, H, Sq, D] in the inputs' dtype, contiguous
+  const void* k;           // [B, H, Sk, D]
+  const void* v;           // [B, H, Sk, D]
+  const void* dout;        // [B, H, Sq, D]  dO, the gradient of the output
+  const float* lse;        // [B, H, Sq]     L_i, the forward's natural-log row logsumexp
+  const float* delta;      // [B, H, Sq]     D_i = rowsum(dO_i * O_i) - dlse_i (bwd_preprocess.cu)
+  float* dq;               // [B, H, Sq, D]  FP32, zeroed: every key block adds its part (atomicAdd)
+  void* dk;                // [B, H, Sk, D]  in the inputs' dtype, written once per key block
+  void* dv;                // [B, H, Sk, D]
+  const int* key_lengths;  // [B] valid keys per batch (clamped to [0, Sk]), or nullptr
+  int64_t B, H, Sq, Sk;
+  float scale;             // softmax scale (1/sqrt(D) by default)
+  course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
+};
+
+// delta[r] = sum_d dout[r, d] * out[r, d] - (dlse ? dlse[r] : 0) for rows r < rows, in FP32.
+void launch_preprocess(const void* out, const void* dout, const float* dlse, float* delta, int64_t rows,
+                       int D, DType dtype, cudaStream_t stream);
+
+// dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
+void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
+// variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.
+void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
+
+}  // namespace phase5_bwd

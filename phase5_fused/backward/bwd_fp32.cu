@@ -1,0 +1,245 @@
+// Phase 5, backward: FlashAttention-2's backward pass (Dao, "FlashAttention-2", Algorithm 2) in FP32,
+// the teaching version: plain loads, scalar shared-memory reads, one idea per step.
+//
+// The forward saved O and the row logsumexp L_i = m_i + log(l_i); nothing of size Sq x Sk. Here:
+//   grid:   one thread block per (key block j of Bc keys, batch*head). The block owns K_j, V_j in
+//           shared memory and dK_j, dV_j in registers, and walks over every query block i that can
+//           see its keys (from the diagonal on, with causal masking).
+//   per i:  S_ij = Q_i K_j^T                  (recomputed: cheaper than storing Sq x Sk)
+//           P_ij = exp(scale S_ij + bias - L_i)  (exactly the forward's softmax, from L_i alone)
+//           dV_j += P_ij^T dO_i
+//           dP_ij = dO_i V_j^T
+//           dS_ij = P_ij * (dP_ij - D_i)      (D_i = rowsum(dO_i * O_i), bwd_preprocess.cu)
+//           dK_j += scale dS_ij^T Q_i
+//           dQ_i += scale dS_ij K_j          -> atomicAdd into an FP32 dQ in global memory
+//   end:    dK_j, dV_j written once.
+// dQ_i gets a contribution from every key block: blocks of different j run at once and add into
+// the same dQ_i rows, hence the atomics (README "Where the atomics are, and how to avoid them").
+//
+// Threads: 256 as a 16 x 16 grid (ty, tx). For the Br x Bc tiles (S, P, dP, dS) thread (ty, tx)
+// owns rows ty + 16 a and columns tx + 16 n; for dK_j, dV_j (Bc x D) key rows ty + 16 a and head
+// columns tx + 16 c; for its part of dQ_i (Br x D) query rows ty + 16 a and columns tx + 16 c.
+// Shared rows are padded by one float (pitch D + 1, odd): the 16 threads that read 16 different
+// K or V rows at the same column hit 16 different banks.
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+#include <math_constants.h>
+
+#include "bwd.h"
+#include "common.cuh"
+
+namespace phase5_bwd {
+namespace {
+
+constexpr int kTX = 16, kTY = 16, kThreads = kTX * kTY;
+
+template <int D_>
+struct Fp32Tile {
+  static constexpr int D = D_;
+  static constexpr int Br = 32;      // query rows per step
+  static constexpr int Bc = 64;      // keys per thread block
+  static constexpr int LD = D + 1;   // pitch of Q, K, V, dO rows (floats)
+  static constexpr int LDS = Bc + 1; // pitch of P, dS rows
+  static constexpr int TQ = Br / kTY, TK = Bc / kTY, TN = Bc / kTX, TD = D / kTX;
+  static constexpr int kSmemFloats = 2 * Bc * LD + 2 * Br * LD + 2 * Br * LDS + 2 * Br;
+  static constexpr int kSmemBytes = kSmemFloats * 4;
+  static_assert(D % kTX == 0, "the head columns split evenly over the 16 threads of a row");
+  static_assert(Br % kTY == 0 && Bc % kTY == 0 && Bc % kTX == 0, "tiles are multiples of the 16 x 16 grid");
+  static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit in 227 KiB of shared memory");
+};
+
+// Rows [first, first + ROWS) of a [rows, D] matrix into shared memory (pitch LD); rows at or past
+// `limit` are zero-filled, never read.
+template <int D, int ROWS, int LD>
+__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t first, int64_t limit) {
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    dst[r * LD + c] = first + r < limit ? src[(first + r) * D + c] : 0.0f;
+  }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams p) {
+  constexpr int D = Cfg::D, Br = Cfg::Br, Bc = Cfg::Bc, LD = Cfg::LD, LDS = Cfg::LDS;
+  constexpr int TQ = Cfg::TQ, TK = Cfg::TK, TN = Cfg::TN, TD = Cfg::TD;
+
+  extern __shared__ float smem[];
+  float* Ks = smem;               // [Bc][LD]  K_j
+  float* Vs = Ks + Bc * LD;       // [Bc][LD]  V_j
+  float* Qs = Vs + Bc * LD;       // [Br][LD]  Q_i
+  float* dOs = Qs + Br * LD;      // [Br][LD]  dO_i
+  float* Ps = dOs + Br * LD;      // [Br][LDS] P_ij
+  float* dSs = Ps + Br * LDS;     // [Br][LDS] dS_ij
+  float* Ls = dSs + Br * LDS;     // [Br]      L_i
+  float* Ds = Ls + Br;            // [Br]      D_i
+
+  const int tx = threadIdx.x % kTX, ty = threadIdx.x / kTX;
+  // Key blocks in the slow grid dimension: the first ones (the most query blocks under causal
+  // masking) start first.
+  const int64_t BH = p.B * p.H;
+  const int64_t bh = blockIdx.x % BH;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x / BH) * Bc;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const float* q = static_cast<const float*>(p.q) + bh * p.Sq * D;
+  const float* k = static_cast<const float*>(p.k) + bh * p.Sk * D;
+  const float* v = static_cast<const float*>(p.v) + bh * p.Sk * D;
+  const float* dout = static_cast<const float*>(p.dout) + bh * p.Sq * D;
+  const float* lse = p.lse + bh * p.Sq;
+  const float* delta = p.delta + bh * p.Sq;
+  float* dq = p.dq + bh * p.Sq * D;
+
+  // Padding keys (j >= kv_len) are zero-filled, never loaded: whatever they hold (NaN too) cannot
+  // reach a gradient, and their dK, dV rows come out zero.
+  const int64_t kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
+  const bool any_mask = p.masking.mask.kind != course::MaskKind::kNone || p.masking.causal ||
+                        p.masking.stride > 1;
+
+  // Step 1: K_j, V_j to shared memory, once; dK_j, dV_j accumulators to zero.
+  load_rows<D, Bc, LD>(Ks, k, j0, kv_len);
+  load_rows<D, Bc, LD>(Vs, v, j0, kv_len);
+  float dk[TK][TD], dv[TK][TD];
+#pragma unroll
+  for (int a = 0; a < TK; ++a)
+#pragma unroll
+    for (int c = 0; c < TD; ++c) dk[a][c] = dv[a][c] = 0.0f;
+
+  // Step 2: the query blocks that can see key j0 or later. With causal masking, row i sees j <= i,
+  // so the rows before j0 see none of this block's keys: start at the block holding row j0.
+  const int64_t i_first = p.masking.causal ? (j0 / Br) * Br : 0;
+  const int64_t i_end = j0 < kv_len ? p.Sq : 0;  // a block of padding keys has nothing to do
+
+  for (int64_t i0 = i_first; i0 < i_end; i0 += Br) {
+    // Step 3: Q_i, dO_i, L_i, D_i to shared memory (after every thread is done with the last ones).
+    __syncthreads();
+    load_rows<D, Br, LD>(Qs, q, i0, p.Sq);
+    load_rows<D, Br, LD>(dOs, dout, i0, p.Sq);
+    if (threadIdx.x < Br) {
+      const int64_t row = i0 + threadIdx.x;
+      Ls[threadIdx.x] = row < p.Sq ? lse[row] : -CUDART_INF_F;
+      Ds[threadIdx.x] = row < p.Sq ? delta[row] : 0.0f;
+    }
+    __syncthreads();
+
+    // Step 4: S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, TQ x TN per thread.
+    float s[TQ][TN], dp[TQ][TN];
+#pragma unroll
+    for (int a = 0; a < TQ; ++a)
+#pragma unroll
+      for (int n = 0; n < TN; ++n) s[a][n] = dp[a][n] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; ++d) {
+#pragma unroll
+      for (int a = 0; a < TQ; ++a) {
+        const float qv = Qs[(ty + kTY * a) * LD + d];
+        const float dov = dOs[(ty + kTY * a) * LD + d];
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+          s[a][n] = fmaf(qv, Ks[(tx + kTX * n) * LD + d], s[a][n]);
+          dp[a][n] = fmaf(dov, Vs[(tx + kTX * n) * LD + d], dp[a][n]);
+        }
+      }
+    }
+
+    // Step 5: P_ij = exp(scale S_ij + bias - L_i), the forward's probabilities recomputed from the
+    // saved logsumexp; dS_ij = P_ij (dP_ij - D_i). Hidden scores (padding, causal, stride, the
+    // user's mask) and rows past Sq give P = dS = 0; so does a fully masked row (L_i = -inf).
+#pragma unroll
+    for (int a = 0; a < TQ; ++a) {
+      const int r = ty + kTY * a;
+      const int64_t row = i0 + r;
+#pragma unroll
+      for (int n = 0; n < TN; ++n) {
+        const int c = tx + kTX * n;
+        const int64_t key = j0 + c;
+        float pij = 0.0f;
+        if (row < p.Sq && key < kv_len && Ls[r] != -CUDART_INF_F) {
+          const float bias = any_mask ? course::mask_bias(p.masking, b, h, row, key) : 0.0f;
+          if (bias != -CUDART_INF_F) pij = expf(fmaf(s[a][n], p.scale, bias) - Ls[r]);
+        }
+        Ps[r * LDS + c] = pij;
+        dSs[r * LDS + c] = pij * (dp[a][n] - Ds[r]);
+      }
+    }
+    __syncthreads();
+
+    // Step 6: dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i (the scale is applied at the end).
+#pragma unroll 2
+    for (int r = 0; r < Br; ++r) {
+#pragma unroll
+      for (int a = 0; a < TK; ++a) {
+        const float pv = Ps[r * LDS + ty + kTY * a];
+        const float dsv = dSs[r * LDS + ty + kTY * a];
+#pragma unroll
+        for (int c = 0; c < TD; ++c) {
+          dv[a][c] = fmaf(pv, dOs[r * LD + tx + kTX * c], dv[a][c]);
+          dk[a][c] = fmaf(dsv, Qs[r * LD + tx + kTX * c], dk[a][c]);
+        }
+      }
+    }
+
+    // Step 7: dQ_i += scale dS_ij K_j, added to global memory with atomics: other key blocks add
+    // their parts to the same rows at the same time.
+    float dqa[TQ][TD];
+#pragma unroll
+    for (int a = 0; a < TQ; ++a)
+#pragma unroll
+      for (int c = 0; c < TD; ++c) dqa[a][c] = 0.0f;
+#pragma unroll 4
+    for (int n = 0; n < Bc; ++n) {
+#pragma unroll
+      for (int a = 0; a < TQ; ++a) {
+        const float dsv = dSs[(ty + kTY * a) * LDS + n];
+#pragma unroll
+        for (int c = 0; c < TD; ++c) dqa[a][c] = fmaf(dsv, Ks[n * LD + tx + kTX * c], dqa[a][c]);
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < TQ; ++a) {
+      const int64_t row = i0 + ty + kTY * a;
+      if (row >= p.Sq) continue;
+#pragma unroll
+      for (int c = 0; c < TD; ++c) atomicAdd(dq + row * D + tx + kTX * c, p.scale * dqa[a][c]);
+    }
+  }
+
+  // Step 8: dK_j = scale * (sum over i of dS_ij^T Q_i), dV_j: written once, every row of the block
+  // that exists (padding rows and rows no query sees get zeros).
+#pragma unroll
+  for (int a = 0; a < TK; ++a) {
+    const int64_t key = j0 + ty + kTY * a;
+    if (key >= p.Sk) continue;
+    float* dk_row = static_cast<float*>(p.dk) + (bh * p.Sk + key) * D;
+    float* dv_row = static_cast<float*>(p.dv) + (bh * p.Sk + key) * D;
+#pragma unroll
+    for (int c = 0; c < TD; ++c) {
+      dk_row[tx + kTX * c] = p.scale * dk[a][c];
+      dv_row[tx + kTX * c] = dv[a][c];
+    }
+  }
+}
+
+template <int D>
+void launch_d(const BwdParams& p, cudaStream_t stream) {
+  using Cfg = Fp32Tile<D>;
+  auto* kernel = fp32_backward_kernel<Cfg>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::Bc) * p.B * p.H;
+  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::Bc, ")) for one grid");
+  kernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_d<32>(p, stream);
+    case 64: return launch_d<64>(p, stream);
+    case 80: return launch_d<80>(p, stream);
+    case 96: return launch_d<96>(p, stream);
+    case 128: return launch_d<128>(p, stream);
+    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the FP32 backward");
+  }
+}
+
+}  // namespace phase5_bwd

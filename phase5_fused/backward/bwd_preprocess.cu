@@ -1,0 +1,66 @@
+// FlashAttention-2 backward, Algorithm 2, line 4 (the preprocessing): D_i = rowsum(dO_i * O_i).
+//
+// Why: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik), and sum_k P_ik dP_ik = sum_k P_ik (dO_i . V_k)
+// = dO_i . (sum_k P_ik V_k) = dO_i . O_i. One dot product of length D per query row replaces a
+// reduction over all Sk keys, and the main kernel, which sees only Bc keys at a time, gets it ready.
+// When the logsumexp is an output whose gradient dlse is used too, d lse_i / d S_ij = P_ij adds
+// dlse_i P_ij to dS_ij: the same formula with D_i - dlse_i, folded in here.
+//
+// One warp per row: lanes stride along D (coalesced), then a warp sum. FP32 accumulation for every
+// input dtype.
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "bwd.h"
+#include "common.cuh"
+
+namespace phase5_bwd {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__global__ void preprocess_kernel(const T* out, const T* dout, const float* dlse, float* delta, int64_t rows,
+                                  int D) {
+  const int lane = static_cast<int>(threadIdx.x) % course::kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / course::kWarpSize;
+  if (row >= rows) return;
+  float sum = 0.0f;
+  for (int d = lane; d < D; d += course::kWarpSize)
+    sum = fmaf(to_float(dout[row * D + d]), to_float(out[row * D + d]), sum);
+  sum = course::warp_reduce_sum(sum);
+  if (lane == 0) delta[row] = dlse != nullptr ? sum - dlse[row] : sum;
+}
+
+}  // namespace
+
+void launch_preprocess(const void* out, const void* dout, const float* dlse, float* delta, int64_t rows,
+                       int D, DType dtype, cudaStream_t stream) {
+  const int64_t blocks = course::ceil_div<int64_t>(rows, kRowsPerBlock);
+  TORCH_CHECK(blocks <= 0x7fffffff, "q: too many rows (B*H*Sq) for one grid");
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(kRowsPerBlock * course::kWarpSize);
+  switch (dtype) {
+    case DType::kFloat:
+      preprocess_kernel<float><<<grid, block, 0, stream>>>(static_cast<const float*>(out),
+                                                           static_cast<const float*>(dout), dlse, delta, rows, D);
+      break;
+    case DType::kHalf:
+      preprocess_kernel<__half><<<grid, block, 0, stream>>>(static_cast<const __half*>(out),
+                                                            static_cast<const __half*>(dout), dlse, delta, rows, D);
+      break;
+    case DType::kBFloat16:
+      preprocess_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(dout), dlse, delta, rows, D);
+      break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace phase5_bwd

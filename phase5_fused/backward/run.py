@@ -1,0 +1,155 @@
+"""`python -m phase5_fused.backward.run [--quick]`: time the attention backward, then render.
+
+1. The backward alone at B=4, H=8, S in {1024, 4096}, D in {64, 128}, causal and not: each
+   implementation runs its forward once, untimed, and the timed call is
+   torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), the whole backward that autograd
+   runs for it (for ours: D_i, the kernel, dQ's conversion). FP16: phase5_fused_bwd_tc
+   (phase5_fused.tensor_cores.attention's backward) beside sdpa_flash and sdpa_cudnn; FP32:
+   phase5_fused_bwd (phase5_fused.fp32.attention's backward) beside sdpa_efficient.
+2. TFLOP/s = 2.5 x the forward's FLOPs: the backward's five matmuls (S = Q K^T again,
+   dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K) are 5 x 2 Sq Sk D per head against the
+   forward's 2 x 2 Sq Sk D: 10 B H Sq Sk D, halved for causal. GB/s counts the minimum traffic:
+   q, k, v, O, dO read once, dq, dk, dv written once (8 B H S D elements).
+   At S=4096 the tensor-core kernel's two tile configurations (bwd_tc.cu: variant 0, 4 warps and
+   Bc = 64, the default; variant 1, 8 warps and Bc = 128) are also timed by calling the backward op
+   directly on the saved out and lse: rows phase5_fused_bwd_tc_v0 and _v1.
+3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
+   relative errors of dq, dk, dv against utils.reference.attention_grads.
+4. results/metrics.json, then the tables manifest.json declares (utils.render).
+Without a GPU it measures nothing and renders from the committed results. --quick: S=1024 only,
+written to results/quick/metrics.json, not rendered. About 2 minutes on an H100.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from phase5_fused import backward, fp32, tensor_cores
+from utils.kernel_bench import lesson_main, results_dir
+
+HERE = Path(__file__).resolve().parent
+B, H = 4, 8
+HEAD_DIMS = (64, 128)
+SEQ_LENS = (1024, 4096)
+QUICK_SEQ_LENS = (1024,)
+REFERENCE_S = 1024  # rel_err only here
+VARIANT_S = 4096  # the tensor-core variants are compared here
+BACKWARD_FLOP_FACTOR = 2.5
+# (impl, dtype, forward): ours first, then the peers of the same dtype.
+IMPLS = [("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
+         ("sdpa_cudnn", torch.float16, "sdpa_cudnn"), ("phase5_fused_bwd", torch.float32, "fp32"),
+         ("sdpa_efficient", torch.float32, "sdpa_efficient")]
+
+
+def forward_fn(name):
+    """f(q, k, v, causal) -> out, differentiable."""
+    if name == "tc":
+        return lambda q, k, v, c: tensor_cores.attention(q, k, v, is_causal=c)
+    if name == "fp32":
+        return lambda q, k, v, c: fp32.attention(q, k, v, is_causal=c)
+    from utils.peers import sdpa
+
+    fn = sdpa(name)
+    return lambda q, k, v, c: fn(q, k, v, is_causal=c)
+
+
+def make_inputs(S, D, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    return [t.requires_grad_() for t in (q, k, v)], dout
+
+
+def backward_call(forward, leaves, dout, causal, variant):
+    """The timed call: autograd's backward of one saved forward, or, with a variant, the tensor-core
+    backward op itself on the saved out and lse."""
+    q, k, v = leaves
+    if variant is None:
+        out = forward(q, k, v, causal)
+        return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    with torch.no_grad():
+        out, lse = tensor_cores.attention(q, k, v, is_causal=causal, return_lse=True)
+    return lambda: backward.attention_backward(q, k, v, out, lse, dout, is_causal=causal, variant=variant)
+
+
+def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
+    """Time the backward of one saved forward, as a results row (None when the impl refuses)."""
+    from utils import roofline
+    from utils.bench import peak_extra_mb, time_cuda
+    from utils.testing import rel_error
+
+    q = leaves[0]
+    _, _, S, D = q.shape
+    try:
+        grad = backward_call(forward, leaves, dout, causal, variant)
+        grads = grad()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        print(f"    {impl}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+        return None
+    ms = time_cuda(grad, warmup=3, reps=20, max_seconds=2.0)
+    flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(B, H, S, S, D, causal)
+    nbytes = 8 * B * H * S * D * q.element_size()
+    row = {"impl": impl, "op": "attention_backward", "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
+           "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
+           "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms), "extra_mb": peak_extra_mb(grad)}
+    if variant is not None:
+        row["variant"] = variant
+    if refs is not None:
+        row["rel_err"] = max(rel_error(g.nan_to_num(0.0), r) for g, r in zip(grads, refs))
+    return row
+
+
+def benchmark(seq_lens) -> list[dict]:
+    from utils import reference
+    from utils.bench import sweep
+
+    configs = [{"S": S, "D": D, "causal": c} for D in HEAD_DIMS for c in (False, True) for S in seq_lens]
+
+    def run_config(c):
+        S, D, causal = c["S"], c["D"], c["causal"]
+        rows = []
+        for dtype in (torch.float16, torch.float32):
+            leaves, dout = make_inputs(S, D, dtype, seed=S * 1000 + D * 10 + causal)
+            # One float64 reference per dtype's inputs, at small S only.
+            refs = reference.attention_grads(*leaves, dout, is_causal=causal) if S <= REFERENCE_S else None
+            for impl, impl_dtype, fwd in IMPLS:
+                if impl_dtype == dtype:
+                    rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, refs))
+            if dtype == torch.float16 and S == VARIANT_S:
+                for variant in range(backward.VARIANTS[dtype]):
+                    rows.append(backward_row(f"phase5_fused_bwd_tc_v{variant}", None, leaves, dout, causal, None,
+                                             variant=variant))
+            del leaves, dout, refs
+            torch.cuda.empty_cache()
+        return [r for r in rows if r is not None]
+
+    return sweep(configs, run_config, "attention backward")
+
+
+def profile_target(names: str) -> None:
+    """One backward of each of ours at S=4096, D=64, non-causal (what ncu would measure)."""
+    for impl, dtype, fwd in IMPLS:
+        if impl.startswith("phase5_fused") and (names == "all" or impl in names.split(",")):
+            leaves, dout = make_inputs(4096, 64, dtype, seed=64)
+            out = forward_fn(fwd)(*leaves, False)
+            torch.autograd.grad(out, leaves, dout)
+            torch.cuda.synchronize()
+
+
+def measure(args) -> Path:
+    from utils.results import write_results
+    from utils.roofline import get_ceilings
+
+    ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
+    rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings)
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 5 attention backward benchmark, then its tables", measure, profile_target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""Tests of the attention backward (phase5_fused.backward) and of the autograd it gives the fused
+forwards: dq, dk, dv against float64 autograd through the reference formula (utils.reference's
+semantics and its attention_bias), relative error <= 1e-4 in FP32; in FP16 / BF16 no worse than
+twice the error of PyTorch's own SDPA gradients in the same dtype on the same inputs. Fully masked
+rows and padding keys must give zero gradients, never NaN. GPU tests skip without a GPU; the
+float64 reference itself is checked on the CPU (against utils.reference.attention, and by gradcheck).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from phase5_fused import backward, fp32
+from phase5_fused import tensor_cores as tc
+from utils import reference
+from utils.testing import (assert_close, new_seed, random_additive_mask, random_bool_mask, randn, rel_error,
+                           requires_gpu)
+
+FP32_TOL = 1e-4
+# SDPA's gradient error can be ~0 (S = 1: dV = dO); below this the 2x rule is not applied.
+SDPA_FLOOR = 1e-4
+TC_DTYPES = (torch.float16, torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------------
+# The float64 reference gradients (utils.reference.attention_grads)
+
+
+def reference_grads(q, k, v, dout, **kwargs):
+    """(out, dq, dk, dv) in float64: utils.reference's output and gradients."""
+    return (reference.attention(q, k, v, **kwargs), *reference.attention_grads(q, k, v, dout, **kwargs))
+
+
+def test_reference_grads_zero_where_hidden():
+    """utils.reference.attention_grads: finite, zero for fully masked rows and padding keys (CPU)."""
+    gen = torch.Generator().manual_seed(new_seed())
+    q = torch.randn(2, 2, 9, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 11, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(2, 1, 9, 11, generator=gen) > 0.3
+    mask[..., 4, :] = False
+    lengths = torch.tensor([11, 6])
+    _, dq, dk, dv = reference_grads(q, k, v, torch.randn_like(q), mask=mask, is_causal=True, key_lengths=lengths)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert torch.equal(dq[..., 4, :], torch.zeros_like(dq[..., 4, :])), "a fully masked row has zero dq"
+    assert torch.equal(dk[1, :, 6:], torch.zeros_like(dk[1, :, 6:])), "padding keys have zero dk"
+
+
+def test_reference_grads_pass_gradcheck():
+    """utils.reference.attention_grads are the derivatives of <attention, dout>: the formula passes
+    torch.autograd.gradcheck in float64, and the helper agrees with autograd through it (CPU)."""
+    gen = torch.Generator().manual_seed(new_seed())
+    q = torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 7, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 7, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64)
+    mask = torch.randn(1, 1, 5, 7, generator=gen, dtype=torch.float64)
+
+    def loss(q_, k_, v_):
+        # The gradient reference_grads returns must be the derivative of <out, dout>.
+        bias = reference.attention_bias(1, 2, 5, 7, mask, True, None, None)
+        p = torch.softmax(q_ @ k_.transpose(-1, -2) / math.sqrt(8) + bias, dim=-1)
+        return ((p @ v_) * dout).sum()
+
+    assert torch.autograd.gradcheck(loss, (q, k, v))
+    _, dq, dk, dv = reference_grads(q, k, v, dout, mask=mask, is_causal=True)
+    expected = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    for got, want in zip((dq, dk, dv), expected):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def make_inputs(B, H, Sq, Sk, D, dtype, scale=1.0):
+    seed = new_seed()
+    q = randn(B, H, Sq, D, dtype=dtype, scale=scale, seed=seed)
+    k = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
+    v = randn(B, H, Sk, D, dtype=dtype, seed=seed + 2)
+    dout = randn(B, H, Sq, D, dtype=dtype, seed=seed + 3)
+    return q, k, v, dout, f"(seed {seed}, B={B} H={H} Sq={Sq} Sk={Sk} D={D} {dtype})"
+
+
+def autograd_grads(module, q, k, v, dout, **kwargs):
+    """dq, dk, dv through the forward's autograd (the registered backward), on fresh leaves."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = module.attention(*leaves, **kwargs)
+    out.backward(dout)
+    return [t.grad for t in leaves]
+
+
+def sdpa_grads(q, k, v, dout, mask=None, is_causal=False, scale=None, key_lengths=None):
+    """PyTorch SDPA's gradients in q's dtype (its default backend choice); masks and padding as one
+    additive bias in that dtype. NaN of fully masked rows counts as the zeros the reference defines."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if mask is None and key_lengths is None:
+        out = F.scaled_dot_product_attention(*leaves, is_causal=is_causal, scale=scale)
+    else:
+        B, H, Sq, _ = q.shape
+        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device)
+        out = F.scaled_dot_product_attention(*leaves, attn_mask=bias.to(q.dtype), scale=scale)
+    out.backward(dout)
+    return [t.grad.nan_to_num(0.0) for t in leaves]
+
+
+def check_fp32(grads, refs, info):
+    for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
+        assert_close(got, want, dtype=torch.float32, rel_tol=FP32_TOL, what=name, seed_info=info)
+
+
+def check_tc(grads, refs, peers, info):
+    for name, got, want, peer in zip(("dq", "dk", "dv"), grads, refs, peers):
+        assert torch.isfinite(got).all(), f"{name}: non-finite gradient {info}"
+        err, peer_err = rel_error(got, want), rel_error(peer, want)
+        assert err <= 2 * peer_err + SDPA_FLOOR, f"{name}: rel error {err:.3e} > 2 x SDPA's {peer_err:.3e} {info}"
+
+
+def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
+    """One shape and mask setting through the forward's autograd, checked against the reference."""
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    info = f"{info} {sorted(kwargs)}"
+    _, *refs = reference_grads(q, k, v, dout, **kwargs)
+    if dtype == torch.float32:
+        grads = autograd_grads(fp32, q, k, v, dout, **kwargs)
+        check_fp32(grads, refs, info)
+    else:
+        grads = autograd_grads(tc, q, k, v, dout, **kwargs)
+        check_tc(grads, refs, sdpa_grads(q, k, v, dout, **kwargs), info)
+    return grads
+
+
+# ------------------------------------------------------------------------------------------------
+# The shape grid
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("S", [1, 17, 127, 1000])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_grid(S, D, causal):
+    run_case(torch.float32, 2, 2, S, S, D, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("S", [1, 17, 127, 1000])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tc_grid(S, D, dtype, causal):
+    run_case(dtype, 2, 2, S, S, D, is_causal=causal)
+
+
+CROSS = [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("Sq,Sk", CROSS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cross_lengths(dtype, Sq, Sk, causal):
+    run_case(dtype, 2, 2, Sq, Sk, 64, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["bool", "bool_broadcast", "additive", "additive_broadcast"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_masks_and_padding(dtype, kind, causal):
+    """Masks with a fully masked row, key padding with a batch of no keys: zero gradients there."""
+    B, H, Sq, Sk, D = 3, 2, 150, 333, 64
+    shape = {"bool": (B, H, Sq, Sk), "bool_broadcast": (Sq, Sk), "additive": (B, H, Sq, Sk),
+             "additive_broadcast": (B, 1, Sq, Sk)}[kind]
+    if kind.startswith("bool"):
+        mask = random_bool_mask(shape)
+        mask[..., 5, :] = False
+    else:
+        mask = random_additive_mask(shape)
+        mask[..., 5, :] = float("-inf")
+    lengths = torch.tensor([Sk, 200, 0], device="cuda")
+    dq, dk, dv = run_case(dtype, B, H, Sq, Sk, D, mask=mask, is_causal=causal, key_lengths=lengths)
+    for name, g in (("dq row 5", dq[..., 5, :]), ("dq of a batch with no keys", dq[2]),
+                    ("dk of padding keys", dk[1, :, 200:]), ("dv of padding keys", dv[1, :, 200:]),
+                    ("dk of a batch with no keys", dk[2]), ("dv of a batch with no keys", dv[2])):
+        assert torch.equal(g, torch.zeros_like(g)), f"{name} must be zeros"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_key_lengths_edges(dtype):
+    """Lengths of one key, inside a block, on a block edge, past Sk (all keys)."""
+    Sk = 300
+    lengths = torch.tensor([1, 131, 192, Sk + 10], device="cuda", dtype=torch.int32)
+    run_case(dtype, 4, 2, 200, Sk, 128, is_causal=False, key_lengths=lengths)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_padding_values_never_reach_gradients(dtype):
+    """NaN in padded keys and values must not leak into any gradient."""
+    q, k, v, dout, info = make_inputs(2, 2, 90, 150, 64, dtype)
+    lengths = torch.tensor([70, 150], device="cuda", dtype=torch.int32)
+    module = fp32 if dtype == torch.float32 else tc
+    expected = autograd_grads(module, q, k, v, dout, key_lengths=lengths)
+    k[0, :, 70:] = float("nan")
+    v[0, :, 70:] = float("nan")
+    got = autograd_grads(module, q, k, v, dout, key_lengths=lengths)
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert torch.isfinite(g).all(), f"{name}: padding leaked NaN {info}"
+        assert_close(g, e, dtype=torch.float32 if dtype == torch.float32 else dtype,
+                     rel_tol=1e-5 if dtype == torch.float32 else 1e-3, what=name, seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("stride", [2, 5])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_stride(stride, causal):
+    run_case(torch.float32, 2, 2, 129, 200, 64, is_causal=causal, stride=stride)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("scale", [0.05, -0.3])
+def test_explicit_scale(dtype, scale):
+    run_case(dtype, 2, 2, 129, 257, 64, is_causal=True, scale=scale)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_many_heads_and_batches(dtype):
+    run_case(dtype, 24, 20, 17, 33, 32, is_causal=True)
+
+
+@requires_gpu
+def test_fp32_every_forward_version_is_differentiable():
+    q, k, v, dout, info = make_inputs(2, 2, 70, 90, 64, torch.float32)
+    _, *refs = reference_grads(q, k, v, dout, is_causal=True)
+    for kernel in fp32.KERNELS:
+        check_fp32(autograd_grads(fp32, q, k, v, dout, is_causal=True, kernel=kernel), refs, f"{info} {kernel}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The backward op called directly, the lse gradient, compile
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_direct_call_matches_autograd(dtype):
+    q, k, v, dout, info = make_inputs(2, 3, 100, 120, 64, dtype)
+    module = fp32 if dtype == torch.float32 else tc
+    out, lse = module.attention(q, k, v, is_causal=True, return_lse=True)
+    direct = backward.attention_backward(q, k, v, out, lse, dout, is_causal=True)
+    via_autograd = autograd_grads(module, q, k, v, dout, is_causal=True)
+    for name, a, b in zip(("dq", "dk", "dv"), direct, via_autograd):
+        # dq's atomics add in any order: equal up to rounding, not bit for bit.
+        assert_close(a, b.to(torch.float64), dtype=dtype, rel_tol=1e-5 if dtype == torch.float32 else 2e-3,
+                     what=name, seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tc_variants(D, dtype, causal):
+    """Every tile configuration of the tensor-core kernel (8 warps, Bc = 128 too): two key blocks,
+    a tail, a mask with a fully masked row, padding."""
+    B, H, Sq, Sk = 3, 2, 150, 300
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    lengths = torch.tensor([Sk, 140, 0], device="cuda")
+    kw = {"mask": mask, "is_causal": causal, "key_lengths": lengths}
+    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    peers = sdpa_grads(q, k, v, dout, **kw)
+    for variant in range(backward.VARIANTS[dtype]):
+        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+        check_tc(grads, refs, peers, f"{info} variant {variant}")
+        assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_gradient_through_lse(dtype):
+    """A loss that uses lse too: d lse_i / d S_ij = P_ij, folded into D_i."""
+    q, k, v, dout, info = make_inputs(2, 2, 65, 90, 64, dtype)
+    dlse = randn(2, 2, 65, dtype=torch.float32)
+    module = fp32 if dtype == torch.float32 else tc
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = module.attention(*leaves, is_causal=True, return_lse=True)
+    ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
+
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    bias = reference.attention_bias(2, 2, 65, 90, None, True, None, None, q.device)
+    scores = (q64 @ k64.transpose(-1, -2)) / math.sqrt(64) + bias
+    lse64 = torch.logsumexp(scores, dim=-1)
+    out64 = torch.softmax(scores, dim=-1) @ v64
+    ((out64 * dout.double()).sum() + (lse64 * dlse.double()).sum()).backward()
+    tol = FP32_TOL if dtype == torch.float32 else {torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]
+    for name, got, want in zip(("dq", "dk", "dv"), (t.grad for t in leaves), (q64.grad, k64.grad, v64.grad)):
+        assert_close(got, want, dtype=dtype, rel_tol=tol, what=name, seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=["fp32", "fp16"])
+def test_compiled_training_step(dtype):
+    """torch.compile(fullgraph=True) of forward + loss; loss.backward() runs the traced backward op."""
+    module = fp32 if dtype == torch.float32 else tc
+    q, k, v, dout, info = make_inputs(2, 2, 100, 130, 64, dtype)
+
+    def step(q_, k_, v_):
+        return (module.attention(q_, k_, v_, is_causal=True).float() * dout.float()).sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves).backward()
+    _, *refs = reference_grads(q, k, v, dout, is_causal=True)
+    if dtype == torch.float32:
+        check_fp32([t.grad for t in leaves], refs, info)
+    else:
+        check_tc([t.grad for t in leaves], refs, sdpa_grads(q, k, v, dout, is_causal=True), info)
+
+
+@requires_gpu
+def test_large_magnitude_inputs_never_nan():
+    for dtype, magnitude in ((torch.float32, 30.0), (torch.float16, 30.0), (torch.bfloat16, 100.0)):
+        q, k, v, dout, info = make_inputs(2, 2, 200, 200, 64, dtype)
+        q, k = q * magnitude, k * magnitude
+        module = fp32 if dtype == torch.float32 else tc
+        for name, g in zip(("dq", "dk", "dv"), autograd_grads(module, q, k, v, dout, is_causal=True)):
+            assert torch.isfinite(g).all(), f"{name}: inf/NaN at input magnitude {magnitude} {info}"
+
+
+@requires_gpu
+def test_repeated_calls_agree():
+    """dK and dV are written once per key block: the same bits every call (dq's atomics may differ
+    in the last bits)."""
+    q, k, v, dout, info = make_inputs(2, 4, 500, 500, 128, torch.float16)
+    first = autograd_grads(tc, q, k, v, dout, is_causal=True)
+    for _ in range(2):
+        again = autograd_grads(tc, q, k, v, dout, is_causal=True)
+        assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2]), info
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_lse(dtype, causal):
+    """The forwards' lse (what the backward rebuilds P from) against torch.logsumexp in float64,
+    masks, padding and a fully masked row included (-inf exactly there)."""
+    B, H, Sq, Sk, D = 3, 2, 100, 130, 64
+    q, k, v, _, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    mask[..., 7, :] = float("-inf")
+    lengths = torch.tensor([Sk, 64, 0], device="cuda")
+    module = fp32 if dtype == torch.float32 else tc
+    _, lse = module.attention(q, k, v, mask=mask, is_causal=causal, key_lengths=lengths, return_lse=True)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+    scores = scores + reference.attention_bias(B, H, Sq, Sk, mask, causal, None, lengths, q.device)
+    ref = torch.logsumexp(scores, dim=-1)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), f"-inf rows differ {info}"
+    finite = torch.isfinite(ref)
+    err = (lse.double() - ref)[finite].abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref[finite].abs().max().item()), f"lse max abs error {err:.3e} {info}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_cpu_tensor_rejected_without_gpu():
+    q = torch.randn(1, 1, 8, 64)
+    lse = torch.zeros(1, 1, 8)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        backward.attention_backward(q, q, q, q, lse, q)
+
+
+def test_import_builds_nothing():
+    """Importing the lesson (and the forwards, which register its autograd on load) builds nothing."""
+    import subprocess
+    import sys
+
+    from utils.build import REPO_ROOT
+
+    code = ("import phase5_fused.backward, phase5_fused.backward.autograd, phase5_fused.fp32, "
+            "phase5_fused.tensor_cores; from utils.build import LOADED_OPS; assert not LOADED_OPS")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@requires_gpu
+def test_bad_inputs_named():
+    q, k, v, dout, _ = make_inputs(1, 2, 16, 24, 64, torch.float32)
+    out, lse = fp32.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="dout must have q's shape"):
+        backward.attention_backward(q, k, v, out, lse, dout[:, :, :5])
+    with pytest.raises(TypeError, match="out must have dtype float32"):
+        backward.attention_backward(q, k, v, out.half(), lse, dout)
+    with pytest.raises(ValueError, match="lse must be"):
+        backward.attention_backward(q, k, v, out, lse[:, :, :3], dout)
+    with pytest.raises(TypeError, match="lse must have dtype float32"):
+        backward.attention_backward(q, k, v, out, lse.double(), dout)
+    with pytest.raises(ValueError, match="stride is supported in float32 only"):
+        h = [t.half() for t in (q, k, v, out, dout)]
+        backward.attention_backward(h[0], h[1], h[2], h[3], lse, h[4], stride=2)
+    with pytest.raises(ValueError, match="variant must be in"):
+        backward.attention_backward(q, k, v, out, lse, dout, variant=1)
+    with pytest.raises(ValueError, match="mask"):
+        backward.attention_backward(q, k, v, out, lse, dout, mask=torch.ones(3, 16, 24, dtype=torch.bool,
+                                                                                 device="cuda"))
+    with pytest.raises(ValueError, match="out= writes in place"):
+        leaf = q.half().requires_grad_()
+        tc.attention(leaf, k.half(), v.half(), out=torch.empty_like(leaf))
+
+
+@requires_gpu
+def test_op_checks_name_the_argument():
+    """The C++ ops validate again, D against the forwards' own lists."""
+    ops = backward.load()
+    q, k, v, dout, _ = make_inputs(1, 2, 16, 24, 64, torch.float32)
+    out, lse = fp32.attention(q, k, v, return_lse=True)
+    args = (None, None, False, None, 1, None)
+    with pytest.raises(RuntimeError, match="lse must have shape"):
+        ops.attention_backward_fp32(q, k, v, out, lse[:, :1], dout, *args)
+    with pytest.raises(RuntimeError, match="dout must be contiguous"):
+        ops.attention_backward_fp32(q, k, v, out, lse, dout.transpose(2, 3).contiguous().transpose(2, 3), *args)
+    x = torch.randn(1, 2, 16, 48, device="cuda")
+    lse48 = torch.zeros(1, 2, 16, device="cuda")
+    with pytest.raises(RuntimeError, match="D=48"):
+        ops.attention_backward_fp32(x, x, x, x, lse48, x, *args)
+    h = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="D=80"):
+        ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
+    with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
+        ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
+    with pytest.raises(RuntimeError, match="variant must be 0"):
+        ops.attention_backward_fp32(q, k, v, out, lse, dout, *args, 1)
+    with pytest.raises(RuntimeError, match="variant must be 0 or 1"):
+        ops.attention_backward_tc(*(t.half() for t in (q, k, v, out)), lse, dout.half(), *args, 2)
+
+
+@requires_gpu
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = backward.load()
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 3, 17, device="cuda")
+        dq, dk, dv = ops.attention_backward_tc(q, k, k, q, lse, q, None, None, True, 0.125, 1, None)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape and dq.dtype == torch.bfloat16

@@ -1,0 +1,94 @@
+"""Phase 5, Hopper: FlashAttention-3-style forward on TMA and wgmma (sm_90a only).
+
+    from phase5_fused import hopper
+    out = hopper.attention(q, k, v, is_causal=True)               # q, k, v: CUDA float16 / bfloat16
+    out, lse = hopper.attention(q, k, v, return_lse=True)
+
+Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch SDPA),
+key padding by key_lengths [B], a scale (default 1/sqrt(D)), and the row logsumexp (natural log,
+FP32 [B, H, Sq]). Rows with no visible key give zeros and lse = -inf. Boolean / additive masks are
+not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each version of the lesson
+(VERSIONS, README "Versions") is selectable; DEFAULT_VERSION is the one the API uses.
+
+Importing this module builds nothing; load() builds the extension on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from utils.build import op_loader
+from utils.checks import check_attention_inputs, dim_in
+
+NAME = "phase5_fused_hopper"
+SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu", "hopper_ops.cpp"]
+# wgmma, setmaxnreg and TMA's tensor copies exist only on the architecture-specific target sm_90a; a
+# -gencode here replaces TORCH_CUDA_ARCH_LIST's targets for this extension (utils.build.load_phase).
+CUDA_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+SUPPORTED_D = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+# The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
+VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap")
+DEFAULT_VERSION = "v2_warp_specialized"
+# The GPU these kernels run on (compute capability).
+HOPPER = (9, 0)
+
+
+def _register_fakes() -> None:
+    """Meta implementation, so torch.compile can trace the op without running it."""
+
+    @torch.library.register_fake(f"{NAME}::attention")
+    def _attention_fake(q, k, v, is_causal, scale, key_lengths, return_lse, version):
+        B, H, Sq, _ = q.shape
+        lse = q.new_empty((B, H, Sq) if return_lse else (0,), dtype=torch.float32)
+        return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+
+
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x itself if its data starts on a 16-byte boundary (TMA needs it), else a copy."""
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def check_hopper(device: torch.device) -> None:
+    """Raise unless `device` is a Hopper GPU (sm_90): the kernels are compiled for sm_90a only."""
+    capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) != HOPPER:
+        raise RuntimeError(f"phase5_fused.hopper needs a Hopper GPU (sm_90): {torch.cuda.get_device_name(device)} "
+                           f"is sm_{capability[0]}{capability[1]}; use phase5_fused.tensor_cores there")
+
+
+def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_lengths=None,
+              return_lse: bool = False, version: str = DEFAULT_VERSION, mask=None):
+    """softmax(scale * q k^T) v on Hopper's TMA and wgmma.
+
+    q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
+    SUPPORTED_D; non-contiguous or misaligned inputs are copied. is_causal: query i sees keys
+    j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
+    are padding. return_lse: also return the FP32 row logsumexp [B, H, Sq] (natural log; -inf for
+    rows with no visible key). version: one of VERSIONS. mask: not supported (raises).
+    Returns out, or (out, lse).
+    """
+    if mask is not None:
+        raise ValueError("mask is not supported by the Hopper kernel (causal and key_lengths only): "
+                         "use phase5_fused.tensor_cores.attention for boolean or additive masks")
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
+        q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
+        is_causal=is_causal, scale=scale)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if not torch.compiler.is_compiling():  # traced tensors have no data pointer nor a device to ask
+        check_hopper(q.device)
+        q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse,
+                                VERSIONS.index(version) + 1)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,43 @@
+// Host interface of the Hopper attention kernels (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu,
+// hopper_v3_intra_overlap.cu),
+// called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hopper {
+
+// Head dims with compiled kernels: a K/V row is one or two 128-byte swizzle panels (README: Why D = 64 and 128).
+inline bool supported_head_dim(int64_t d) { return d == 64 || d == 128; }
+
+// The kernels' arguments. q, k, v are seen by TMA as 3-D tensors [B*H][S][D] (D contiguous): the
+// box of a tile is 64 columns (one 128-byte swizzle panel) x Rows rows x 1 matrix, so rows past S
+// of one head are zero-filled instead of read from the next head.
+struct Params {
+  CUtensorMap q_map;          // box 64 x kBM x 1
+  CUtensorMap k_map;          // box 64 x kBN x 1
+  CUtensorMap v_map;          // box 64 x kBN x 1
+  void* o;                    // [B, H, Sq, D], q's dtype, contiguous
+  float* lse;                 // [B, H, Sq] natural-log logsumexp, or nullptr
+  const int* key_lengths;     // [B] clamped to [0, Sk], or nullptr (every key valid)
+  int B, H, Sq, Sk;
+  float scale_log2;           // scale * log2(e): scores in log2 units, exp(x) = 2^(x log2 e)
+  int causal;                 // query i sees keys j <= i (top-left aligned)
+};
+
+// Tile sizes shared by the host (tensor-map boxes) and the kernels: kBM query rows per block (two
+// consumer warpgroups of 64), kBN keys per K/V block.
+constexpr int kBM = 128;
+constexpr int kBN = 128;
+
+enum class Dtype { kFloat16, kBFloat16 };
+
+// Launch one version on `stream` (checks the launch). D in {64, 128}.
+void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+
+}  // namespace hopper

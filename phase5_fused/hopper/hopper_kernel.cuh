@@ -1,0 +1,268 @@
+// The pieces every version of the Hopper kernel shares: the shared-memory layout, the per-warpgroup
+// steps of FlashAttention's inner loop (S = Q K^T on wgmma, mask, online softmax, O += P V on
+// wgmma) and the epilogue. The versions differ in who issues the TMA copies, how the warps wait
+// for them, and in what order a warpgroup issues and waits for its matmuls (hopper_v1_wgmma_tma.cu,
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu).
+//
+// Paper notation (Shah et al., "FlashAttention-3", Algorithm 1): a block of kBM query rows Q_i
+// stays in shared memory; for each block j of kBN keys: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
+// P = exp(S - m_new), l = e^(m - m_new) l + rowsum(P), O = e^(m - m_new) O + P V_j; finally O / l.
+// Each consumer warpgroup (4 warps) owns 64 of the kBM rows; every warp of it 16 rows, and every
+// thread two rows (g and g + 8, g = lane / 4) of S and O, as in the mma.sync kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "../tensor_cores/tc_mma.cuh"  // tc::pack2 (FP32 pair -> FP16/BF16 pair), tc::exp2_approx
+#include "hopper_attention.h"
+#include "hopper_ptx.cuh"
+
+namespace hopper {
+
+constexpr int kWarpgroup = 128;         // threads of a warpgroup (4 warps)
+constexpr int kConsumers = kBM / 64;    // consumer warpgroups: 64 query rows each
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kPanelBytes = 128;        // a swizzle panel row: 64 FP16/BF16 elements
+
+static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
+
+// Shared memory, as TMA writes it (hopper_ptx.cuh, make_desc): a tile of R rows x D columns is
+// D / 64 panels of R rows x 128 bytes, each panel 1024-byte aligned.
+//   Q        kBM x D                 (reused for the output tile at the end)
+//   K, V     kStages x (kBN x D) each
+//   barriers full_q, full_k[kStages], full_v[kStages], empty[kStages]
+//   scratch  2 floats per consumer thread (v3 stores its row sums there to pin the softmax)
+template <int D, int kStages>
+struct Smem {
+  static constexpr int kPanels = D / 64;
+  static constexpr int kQPanel = kBM * kPanelBytes;   // bytes of one Q panel
+  static constexpr int kKVPanel = kBN * kPanelBytes;  // bytes of one K or V panel
+  static constexpr int kQBytes = kPanels * kQPanel;
+  static constexpr int kKVBytes = kPanels * kKVPanel;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + kStages * kKVBytes;
+  static constexpr int kBarriers = kV + kStages * kKVBytes;
+  static constexpr int kBarrierCount = 1 + 3 * kStages;
+  static constexpr int kScratch = kBarriers + ((kBarrierCount * 8 + 15) / 16) * 16;
+  // + 1024: the dynamic shared memory is only 16-byte aligned; the kernel rounds its base up.
+  static constexpr int kBytes = kScratch + 2 * kConsumers * kWarpgroup * 4 + 1024;
+  static_assert(kQPanel % 1024 == 0 && kKVPanel % 1024 == 0, "every panel on a 1024-byte boundary");
+};
+
+// The 1024-byte aligned base of the dynamic shared memory.
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  const uint32_t addr = smem_addr(raw);
+  return raw + ((1024 - (addr & 1023)) & 1023);
+}
+
+// Byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a swizzled tile whose
+// panels are `panel_bytes` apart: what TMA's 128-byte swizzle does to an address.
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk, int panel_bytes) {
+  return static_cast<uint32_t>((chunk / 8) * panel_bytes + row * kPanelBytes + (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// Issue the TMA copies of one [rows x D] tile (D / 64 boxes of 64 columns) at row `row0` of matrix
+// `bh`, announcing their bytes on `bar` first. One thread calls this.
+template <int D>
+__device__ __forceinline__ void load_tile(unsigned char* dst, int panel_bytes, const CUtensorMap* map, uint64_t* bar,
+                                          int row0, int bh) {
+  mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>((D / 64) * panel_bytes));
+#pragma unroll
+  for (int p = 0; p < D / 64; ++p) tma_load_3d(dst + p * panel_bytes, map, bar, p * 64, row0, bh);
+}
+
+// Where a block's keys stop being visible to a warpgroup. key_lengths padding: keys at or past
+// kv_len are hidden; causal: key j is hidden from row i when j > i.
+struct Visibility {
+  int kv_len;  // valid keys of this batch
+  int causal;
+};
+
+// S = Q K^T for this warpgroup's 64 rows and the kBN keys of a stage: D / 16 wgmmas (k = 16 each),
+// the first one overwriting S (scale_d = 0), issued but neither committed nor waited for.
+// q_base: the warpgroup's first row in the Q tile.
+template <typename T, int D>
+__device__ __forceinline__ void qk_issue(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    // k-step kk: panel kk / 4, bytes 32 (kk % 4) inside the 128-byte rows
+    const uint32_t offset_q = (kk / 4) * (kBM * kPanelBytes) + (kk % 4) * 32;
+    const uint32_t offset_k = (kk / 4) * (kBN * kPanelBytes) + (kk % 4) * 32;
+    wgmma_ss_n128<T>(s, desc_k_major(q_base + offset_q), desc_k_major(k_base + offset_k), kk > 0 ? 1 : 0);
+  }
+}
+
+// S = Q K^T, issued and waited for.
+template <typename T, int D>
+__device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+  fence_operand(s);
+  wgmma_fence();
+  qk_issue<T, D>(s, q_base, k_base);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(s);
+}
+
+// Scale S into log2 units; where the block needs it (keys past kv_len, the causal diagonal) hidden
+// scores become -inf. row0: the sequence row of this thread's first row (g); n0: the block's first key.
+__device__ __forceinline__ void scale_and_mask(float (&s)[kBN / 2], float scale_log2, int row0, int n0,
+                                               const Visibility& vis, bool need_mask) {
+  const int t = static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int idx = 0; idx < kBN / 2; ++idx) {
+    float x = s[idx] * scale_log2;
+    if (need_mask) {
+      const int i = row0 + ((idx % 4) / 2) * 8;             // row g or g + 8
+      const int j = n0 + (idx / 4) * 8 + 2 * t + idx % 2;   // n8 tile idx / 4, column 2t or 2t + 1
+      if (j >= vis.kv_len || (vis.causal && j > i)) x = -CUDART_INF_F;
+    }
+    s[idx] = x;
+  }
+}
+
+// Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8): m_new =
+// max(m, rowmax(S)), P = 2^(S - m_new) in place of S, l = alpha l + rowsum(P) with alpha =
+// 2^(m - m_new), returned for the O rescale. A row's kBN scores are spread over the 4 lanes of its
+// quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
+// visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
+__device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float row_max = -CUDART_INF_F;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+    const float m_new = fmaxf(m[h], row_max);
+    const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
+    alpha[h] = tc::exp2_approx(m[h] - m_use);
+    m[h] = m_new;
+    float row_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[4 * j + e] = tc::exp2_approx(s[4 * j + e] - m_use);
+        row_sum += s[4 * j + e];
+      }
+    }
+    l[h] = l[h] * alpha[h] + row_sum;
+  }
+}
+
+// O = alpha O, row by row.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
+  }
+}
+
+// The softmax step and the O rescale together (v1, v2).
+template <int D>
+__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&o)[D / 2]) {
+  float alpha[2];
+  softmax_step(s, m, l, alpha);
+  rescale_o<D>(o, alpha);
+}
+
+// P rounded to T in registers: the accumulator fragments of n8 tiles 2kk and 2kk + 1 are exactly
+// wgmma's A fragment for keys 16kk .. 16kk + 15.
+template <typename T>
+__device__ __forceinline__ void pack_p(const float (&p)[kBN / 2], uint32_t (&a)[kBN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = tc::pack2<T>(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
+    fence_operand(a[kk]);
+  }
+}
+
+// O += P V: kBN / 16 wgmmas, P from registers, V MN-major from the stage; issued, not committed.
+template <typename T, int D>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&a)[kBN / 16][4], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    // 16 keys = two 1024-byte groups of 8 rows; the panels (64 columns of D) are kBN rows apart
+    wgmma_rs<T, D>(o, a[kk], desc_mn_major(v_base + kk * 2048, kBN * kPanelBytes));
+  }
+}
+
+// O += P V, issued and waited for.
+template <typename T, int D>
+__device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kBN / 2], uint32_t v_base) {
+  uint32_t a[kBN / 16][4];
+  pack_p<T>(p, a);
+  fence_operand(o);
+  wgmma_fence();
+  pv_issue<T, D>(o, a, v_base);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(o);
+}
+
+// Key padding: rows [first_row, kBN) of a V stage may hold anything (even NaN) that TMA read from
+// the padded keys, and 0 * NaN = NaN in the P V product. The `threads` threads calling this zero
+// those rows, then make the writes visible to wgmma (async proxy) and wait for each other on
+// named barrier `barrier`. Zeroing whole 128-byte rows needs no swizzle: a row stays a row.
+template <int D>
+__device__ __forceinline__ void zero_padded_rows(unsigned char* v_stage, int first_row, int thread, int threads,
+                                                 int barrier) {
+  constexpr int kChunks = (D / 64) * kBN * 8;  // 16-byte chunks of the stage
+  for (int c = thread; c < kChunks; c += threads) {
+    const int row = (c / 8) % kBN;
+    if (row >= first_row) *reinterpret_cast<uint4*>(v_stage + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
+  named_barrier_sync(barrier, threads);
+}
+
+// Epilogue of one warpgroup: O / l (zeros where l = 0: no visible key), rounded to T, staged in the
+// warpgroup's own rows of the Q tile (swizzled, no bank conflicts) and stored as coalesced 16-byte
+// chunks; lse = m ln 2 + ln l (natural log; -inf where l = 0) when asked. `barrier`: a named
+// barrier of the warpgroup's 128 threads.
+template <typename T, int D>
+__device__ __forceinline__ void store_output(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
+                                             unsigned char* sQ, int wg, int m0, const Params& p, int64_t bh,
+                                             int barrier) {
+  const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
+  const int lane = tid % 32;
+  const int tile_row = wg * 64 + (tid / 32) * 16 + lane / 4;  // row g in the kBM tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float total = l[h];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
+    const int row = tile_row + 8 * h;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      unsigned char* dst = sQ + swizzled_chunk(row, j, kBM * kPanelBytes) + (lane % 4) * 4;
+      *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    }
+    if (p.lse != nullptr && lane % 4 == 0 && m0 + row < p.Sq)
+      p.lse[bh * p.Sq + m0 + row] = total > 0.0f ? m[h] * kLn2 + logf(total) : -CUDART_INF_F;
+  }
+  named_barrier_sync(barrier, kWarpgroup);
+  T* out = static_cast<T*>(p.o) + bh * p.Sq * D;
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int n = 0; n < 64 * kChunks / kWarpgroup; ++n) {
+    const int idx = n * kWarpgroup + tid;
+    const int row = wg * 64 + idx / kChunks;
+    const int c = idx % kChunks;
+    if (m0 + row < p.Sq) {
+      const uint4 val = *reinterpret_cast<const uint4*>(sQ + swizzled_chunk(row, c, kBM * kPanelBytes));
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + row) * D + c * 8) = val;
+    }
+  }
+}
+
+}  // namespace hopper

@@ -1,0 +1,142 @@
+// Phase 5, Hopper v1: FlashAttention forward with TMA copies and wgmma, no specialization.
+//
+// Against the mma.sync kernel (../tensor_cores/tc_attention.cu), two things change:
+//   - loads: one thread issues a TMA copy per 64-column panel of a tile; the copy engine writes
+//     the tile, already swizzled, and counts its bytes on an mbarrier that the other threads wait
+//     on (no cp.async per thread, no address arithmetic per thread, rows past the end zero-filled);
+//   - math: each warpgroup (4 warps) issues wgmma m64n128k16 for S = Q K^T with Q and K read
+//     straight from shared memory through descriptors (no ldmatrix), and m64nDk16 for O += P V
+//     with P from registers.
+// Every thread is a consumer: 2 warpgroups x 64 query rows. Thread 0 also issues the copies of
+// block j + kStages once every thread is done with block j (one __syncthreads per block), so the
+// copies of the next block fly while this one is computed, as in the mma.sync kernel's cp.async ring.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+
+#include "hopper_kernel.cuh"
+
+namespace hopper {
+namespace {
+
+constexpr int kStages = 2;
+constexpr int kThreads = kConsumers * kWarpgroup;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_constant__ Params p) {
+  using L = Smem<D, kStages>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem(smem_raw);
+  unsigned char* sQ = smem + L::kQ;
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* full_k = full_q + 1;
+  uint64_t* full_v = full_k + kStages;
+
+  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;  // this thread's 64 rows
+  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // long causal rows start first
+  const int m0 = m_block * kBM;
+  const int bh = blockIdx.z * p.H + blockIdx.y;
+  const Visibility vis{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
+  // Key blocks this query block visits: the valid keys, with causal only up to the last row's diagonal.
+  const int kv_end = p.causal ? min(vis.kv_len, m0 + kBM) : vis.kv_len;
+  const int n_blocks = (kv_end + kBN - 1) / kBN;
+
+  // Barriers: one arrival (thread 0's expect_tx) plus the TMA bytes complete each phase.
+  if (threadIdx.x == 0) {
+    mbarrier_init(full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full_k[s], 1);
+      mbarrier_init(&full_v[s], 1);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Load Q_i and the first kStages blocks of K, V (nothing at all when no key is visible).
+  auto load_kv = [&](int j) {
+    const int s = j % kStages;
+    load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &full_k[s], j * kBN, bh);
+    load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, bh);
+  };
+  if (threadIdx.x == 0 && n_blocks > 0) {
+    tma_prefetch_map(&p.q_map);
+    tma_prefetch_map(&p.k_map);
+    tma_prefetch_map(&p.v_map);
+    load_tile<D>(sQ, L::kQPanel, &p.q_map, full_q, m0, bh);
+    for (int j = 0; j < min(kStages, n_blocks); ++j) load_kv(j);
+  }
+
+  // Per thread: O fragments of rows g and g + 8 of its warp's 16, and their m and l.
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float l[2] = {0.0f, 0.0f};
+  const int wg_row0 = m0 + wg * 64;                                              // first row of the warpgroup
+  const int row0 = wg_row0 + (static_cast<int>(threadIdx.x) % kWarpgroup) / 32 * 16 + (threadIdx.x % 32) / 4;
+  const uint32_t q_base = smem_addr(sQ) + wg * 64 * kPanelBytes;
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int s = j % kStages;
+    const uint32_t parity = (j / kStages) & 1;  // the (j / kStages)-th use of stage s
+    const int n0 = j * kBN;
+    unsigned char* sK = smem + L::kK + s * L::kKVBytes;
+    unsigned char* sV = smem + L::kV + s * L::kKVBytes;
+    if (j == 0) mbarrier_wait(full_q, 0);
+
+    float sc[kBN / 2];
+    // S = Q_i K_j^T once K_j has landed.
+    mbarrier_wait(&full_k[s], parity);
+    qk_gemm<T, D>(sc, q_base, smem_addr(sK));
+    // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
+    const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
+    scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
+    online_softmax<D>(sc, m, l, o);
+    // V_j: the block that holds the end of the batch's keys gets its padded rows zeroed first.
+    mbarrier_wait(&full_v[s], parity);
+    if (vis.kv_len < p.Sk && n0 + kBN > vis.kv_len)
+      zero_padded_rows<D>(sV, vis.kv_len - n0, static_cast<int>(threadIdx.x), kThreads, 1);
+    // O += P V_j.
+    pv_gemm<T, D>(o, sc, smem_addr(sV));
+
+    // Every warpgroup is done with stage s: refill it with block j + kStages.
+    __syncthreads();
+    if (threadIdx.x == 0 && j + kStages < n_blocks) load_kv(j + kStages);
+  }
+
+  // O / l and lse, through this warpgroup's rows of the Q tile.
+  store_output<T, D>(o, m, l, sQ, wg, m0, p, bh, 2 + wg);
+}
+
+template <typename T, int D>
+void launch(const Params& p, cudaStream_t stream) {
+  constexpr int smem = Smem<D, kStages>::kBytes;
+  auto* kernel = hopper_v1_kernel<T, D>;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<uint64_t> opted_in{0};
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
+  const bool bf16 = dtype == Dtype::kBFloat16;
+  if (D == 64) {
+    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+  } else {
+    TORCH_CHECK(D == 128, "head dim D=", D, " (q.size(3)) is not supported: use 64 or 128");
+    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+  }
+}
+
+}  // namespace hopper

@@ -1,0 +1,52 @@
+"""Every instantiation of every version of the Hopper kernel, once, on small awkward sizes, checked
+against the float64 reference; run under compute-sanitizer by `python -m utils.sanitize
+phase5_fused.hopper` (memcheck + racecheck; README "What the sanitizer can and cannot see").
+
+Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, three key blocks so
+that a stage of the 2-stage ring is refilled), one batch with a key length inside a block (its V
+rows are zeroed in shared memory) and one with none, causal and not, with the lse.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from phase5_fused import hopper
+from utils import reference
+from utils.testing import assert_close, random_qkv
+
+TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible: nothing to sanitize")
+        return 0
+    if tuple(torch.cuda.get_device_capability()) != hopper.HOPPER:
+        print("not a Hopper GPU (sm_90): the sm_90a kernels cannot run here, nothing to sanitize")
+        return 0
+    B, H, Sq, Sk = 3, 2, 17, 300
+    lengths = torch.tensor([Sk, 133, 0], device="cuda", dtype=torch.int32)
+    cases = 0
+    for version in hopper.VERSIONS:
+        for dtype in hopper.DTYPES:
+            for D in hopper.SUPPORTED_D:
+                q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+                for causal in (False, True):
+                    out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True,
+                                                version=version)
+                    ref, ref_lse = reference.attention(q, k, v, is_causal=causal, key_lengths=lengths,
+                                                       return_lse=True)
+                    what = f"{version} {dtype} D={D} causal={causal}"
+                    assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype], what=what)
+                    assert_close(lse, ref_lse, dtype=torch.float32, rel_tol=1e-4, what=f"lse {what}")
+                    cases += 1
+    torch.cuda.synchronize()
+    print(f"hopper attention: {cases} kernel instantiations correct")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

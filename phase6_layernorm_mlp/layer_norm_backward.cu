@@ -1,0 +1,445 @@
+// LayerNorm backward (layer_norm.cu is the forward). With s the LayerNorm's input (x, or the sum
+// x + residual of add_layer_norm), for each row of `hidden` elements:
+//   xhat   = (s - mu) * rstd                              (mu, rstd: the forward's statistics)
+//   g      = dy * gamma                                   (dL/dxhat)
+//   ds     = rstd * (g - mean(g) - xhat * mean(g * xhat))  (+ dsum: the gradient that reached the
+//                                                          sum output of add_layer_norm, added here)
+// and over all rows:
+//   dgamma = sum_rows(dy * xhat),   dbeta = sum_rows(dy).
+// Storage FP32, FP16 or BF16; all arithmetic and every sum in FP32.
+//
+// mu and rstd are not saved by the forward: the backward reads s anyway, so it recomputes them
+// from the row it already holds (the forward's shifted two-pass), at no extra memory traffic.
+//
+// Two reductions, two shapes:
+//   - ds needs two sums along its row (mean(g), mean(g * xhat)): one team per row, a warp (rows of
+//     up to 512 elements) or a block, like the forward, the row held in registers.
+//   - dgamma / dbeta need sums down each column, over every row. Each team walks many rows
+//     (row = team, team + teams, ...), always holding the same columns, so it adds its rows' dy * xhat
+//     and dy into registers; at the end each block writes one row of partial sums (the warps of a
+//     block add theirs in shared memory first) (pass 1). A second kernel adds the partial rows of
+//     each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and dbeta are
+//     the same bits on every run.
+//
+// Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
+// a pointer is not 16-byte aligned):
+//   1. ln_backward_cached_kernel<.., kWarpPerRow = true>: a warp per row, up to 16 elements per
+//      lane (hidden <= 512), warp shuffles only.
+//   2. ln_backward_cached_kernel<.., kWarpPerRow = false>: a block per row, 16 elements per
+//      thread, up to 512 threads (hidden <= 8192). Four arrays of row live in registers (s, dy,
+//      and the two column sums): 16 elements each is about 64 registers, so a 512-thread block
+//      stays within its 128 registers per thread without spilling (the forward holds one array).
+//   3. ln_backward_streaming_kernel: a block per row for longer rows; reads the row from memory in
+//      each of its four passes (all but the first from L2) and keeps its column partial sums in
+//      its own row of the partials buffer.
+#include <algorithm>
+#include <cstdint>
+
+#include <c10/util/Exception.h>
+
+#include "common.cuh"
+#include "launchers.h"
+#include "vec_io.cuh"
+
+namespace phase6 {
+namespace {
+
+constexpr int kWarpTeamsPerBlock = 4;  // version 1: 4 warps (teams) per 128-thread block
+constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per thread
+constexpr int kMaxBlockThreads = 512;  // version 2
+constexpr int kStreamingThreads = 512; // version 3
+constexpr int kWarpsPerSM = 16;        // teams in flight: about 16 warps per SM (a memory-bound kernel)
+constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
+constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column
+
+template <bool kWarpPerRow>
+__device__ __forceinline__ float team_sum(float v, float* scratch) {
+  if constexpr (kWarpPerRow) return course::warp_reduce_sum(v);
+  else return course::block_reduce_sum(v, scratch);
+}
+
+// Versions 1 and 2. partial_dgamma / partial_dbeta: [gridDim.x, hidden] FP32, or nullptr (no
+// parameter gradients); gamma, dsum may be nullptr.
+template <typename T, int VEC, bool kWarpPerRow>
+__global__ void __launch_bounds__(kWarpPerRow ? kWarpTeamsPerBlock * course::kWarpSize : kMaxBlockThreads)
+ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
+                          const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
+                          float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps) {
+  constexpr int NV = kRowElems / VEC;  // chunks per thread
+  static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
+  __shared__ float scratch[course::kWarpSize];
+  const int team_size = kWarpPerRow ? course::kWarpSize : blockDim.x;
+  const int rank = kWarpPerRow ? threadIdx.x % course::kWarpSize : threadIdx.x;
+  const int64_t team = kWarpPerRow
+      ? static_cast<int64_t>(blockIdx.x) * (blockDim.x / course::kWarpSize) + threadIdx.x / course::kWarpSize
+      : static_cast<int64_t>(blockIdx.x);
+  const int64_t teams = kWarpPerRow ? static_cast<int64_t>(gridDim.x) * (blockDim.x / course::kWarpSize)
+                                    : static_cast<int64_t>(gridDim.x);
+  const int64_t chunks = hidden / VEC;
+  const float n = static_cast<float>(hidden);
+  float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
+  float acc_dbeta[NV][VEC] = {};   // ... and of dy
+
+  for (int64_t row = team; row < rows; row += teams) {  // uniform over the team
+    const int64_t base = row * hidden;
+    // Step 1: the forward's statistics, recomputed: d = s - s[0] into registers, mean_d, then
+    // the variance of d from the registers, rstd. dy is loaded here too (its loads fly with s's).
+    const float K = to_float(s[base]);
+    float d[NV][VEC], g[NV][VEC];
+    float local = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        load_vec<T, VEC>(s + base + c * VEC, d[i]);
+        load_vec<T, VEC>(dy + base + c * VEC, g[i]);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          d[i][e] -= K;
+          local += d[i][e];
+        }
+      }
+    }
+    const float mean_d = team_sum<kWarpPerRow>(local, scratch) / n;
+    local = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float t = d[i][e] - mean_d;
+          local += t * t;
+        }
+      }
+    }
+    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, scratch) / n + eps);
+
+    // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
+    // dy * xhat and dy; the row sums take g and g * xhat.
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        float gm[VEC];
+        if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float xhat = (d[i][e] - mean_d) * rstd;
+          d[i][e] = xhat;
+          acc_dgamma[i][e] += g[i][e] * xhat;
+          acc_dbeta[i][e] += g[i][e];
+          if (gamma != nullptr) g[i][e] *= gm[e];
+          sum_g += g[i][e];
+          sum_gx += g[i][e] * xhat;
+        }
+      }
+    }
+    const float mean_g = team_sum<kWarpPerRow>(sum_g, scratch) / n;
+    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, scratch) / n;
+
+    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored.
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        float out[VEC], extra[VEC] = {};
+        if (dsum != nullptr) load_vec<T, VEC>(dsum + base + c * VEC, extra);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out[e] = rstd * (g[i][e] - mean_g - d[i][e] * mean_gx) + extra[e];
+        store_vec<T, VEC>(ds + base + c * VEC, out);
+      }
+    }
+  }
+
+  // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. A block without
+  // rows writes zeros, so pass 2 may add every row of the buffer.
+  if (partial_dgamma == nullptr) return;  // uniform over the grid
+  float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
+  float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
+  if constexpr (kWarpPerRow) {
+    // The block's warps hold the same columns: their sums meet in shared memory, added in warp order.
+    __shared__ float cols[2][kWarpTeamsPerBlock][kRowElems * course::kWarpSize];
+    const int warp = threadIdx.x / course::kWarpSize;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          cols[0][warp][c * VEC + e] = acc_dgamma[i][e];
+          cols[1][warp][c * VEC + e] = acc_dbeta[i][e];
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < hidden; col += blockDim.x) {
+      float g = 0.0f, b = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpTeamsPerBlock; ++w) {
+        g += cols[0][w][col];
+        b += cols[1][w][col];
+      }
+      pg[col] = g;
+      pb[col] = b;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          pg[c * VEC + e] = acc_dgamma[i][e];
+          pb[c * VEC + e] = acc_dbeta[i][e];
+        }
+      }
+    }
+  }
+}
+
+// Version 3: rows too long for registers; the same steps, each a pass over the row in memory.
+// The block is its team; grid <= rows, so every block has a first row (row == blockIdx.x), which
+// writes the block's partial row, and later rows add to it (the same thread owns the same
+// columns in every row, so no two threads touch one partial).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kStreamingThreads)
+ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
+                             const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
+                             float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps) {
+  __shared__ float scratch[course::kWarpSize];
+  const int64_t chunks = hidden / VEC;
+  const float n = static_cast<float>(hidden);
+  float* pg = partial_dgamma == nullptr ? nullptr : partial_dgamma + blockIdx.x * hidden;
+  float* pb = partial_dbeta == nullptr ? nullptr : partial_dbeta + blockIdx.x * hidden;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * hidden;
+    const bool first = row == blockIdx.x;
+    // Pass 1: mean of d = s - s[0].
+    const float K = to_float(s[base]);
+    float local = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float v[VEC];
+      load_vec<T, VEC>(s + base + c * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) local += v[e] - K;
+    }
+    const float mean_d = course::block_reduce_sum(local, scratch) / n;
+    // Pass 2: variance of d, rstd.
+    local = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float v[VEC];
+      load_vec<T, VEC>(s + base + c * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float t = (v[e] - K) - mean_d;
+        local += t * t;
+      }
+    }
+    const float rstd = rsqrtf(course::block_reduce_sum(local, scratch) / n + eps);
+    // Pass 3: the row sums of g and g * xhat; the column partials of dy * xhat and dy.
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float v[VEC], dv[VEC], gm[VEC];
+      load_vec<T, VEC>(s + base + c * VEC, v);
+      load_vec<T, VEC>(dy + base + c * VEC, dv);
+      if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float xhat = ((v[e] - K) - mean_d) * rstd;
+        const float g = gamma != nullptr ? dv[e] * gm[e] : dv[e];
+        sum_g += g;
+        sum_gx += g * xhat;
+        if (pg != nullptr) {
+          const int64_t col = c * VEC + e;
+          pg[col] = (first ? 0.0f : pg[col]) + dv[e] * xhat;
+          pb[col] = (first ? 0.0f : pb[col]) + dv[e];
+        }
+      }
+    }
+    const float mean_g = course::block_reduce_sum(sum_g, scratch) / n;
+    const float mean_gx = course::block_reduce_sum(sum_gx, scratch) / n;
+    // Pass 4: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum).
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float v[VEC], dv[VEC], gm[VEC], extra[VEC] = {}, out[VEC];
+      load_vec<T, VEC>(s + base + c * VEC, v);
+      load_vec<T, VEC>(dy + base + c * VEC, dv);
+      if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
+      if (dsum != nullptr) load_vec<T, VEC>(dsum + base + c * VEC, extra);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float xhat = ((v[e] - K) - mean_d) * rstd;
+        const float g = gamma != nullptr ? dv[e] * gm[e] : dv[e];
+        out[e] = rstd * (g - mean_g - xhat * mean_gx) + extra[e];
+      }
+      store_vec<T, VEC>(ds + base + c * VEC, out);
+    }
+  }
+}
+
+// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed, 16 partial rows at a
+// time per thread (threadIdx.y), then those 16 sums added in shared memory; a fixed order.
+template <typename T>
+__global__ void __launch_bounds__(kReduceCols * kReduceRows)
+ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
+                       int64_t partial_rows, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
+  __shared__ float sg[kReduceRows][kReduceCols + 1];
+  __shared__ float sb[kReduceRows][kReduceCols + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
+  float g = 0.0f, b = 0.0f;
+  if (col < hidden) {
+    for (int64_t t = threadIdx.y; t < partial_rows; t += kReduceRows) {
+      g += partial_dgamma[t * hidden + col];
+      b += partial_dbeta[t * hidden + col];
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    for (int r = 1; r < kReduceRows; ++r) {
+      g += sg[r][threadIdx.x];
+      b += sb[r][threadIdx.x];
+    }
+    dgamma[col] = from_float<T>(g);
+    dbeta[col] = from_float<T>(b);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side: one plan decides the version, the chunk width and the grid (one partial row per block), so that the
+// op can size the partials buffer before the launch.
+
+enum class Version { kWarp, kBlock, kStreaming };
+
+struct Plan {
+  Version version;
+  bool vec;         // 16-byte chunks
+  int threads;      // per block
+  int64_t blocks;
+  int64_t partial_rows;  // rows of partial sums: one per block
+};
+
+int sm_count() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return std::max(sms, 1);
+}
+
+template <typename T>
+Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsum, const void* ds, int64_t rows,
+               int64_t hidden) {
+  const bool vec = hidden % kVec16<T> == 0 && aligned16(dy) && aligned16(s) && aligned16(ds) &&
+                   (gamma == nullptr || aligned16(gamma)) && (dsum == nullptr || aligned16(dsum));
+  const int64_t warps_in_flight = static_cast<int64_t>(sm_count()) * kWarpsPerSM;
+  const int64_t warp = course::kWarpSize;
+  Plan p{};
+  p.vec = vec;
+  if (hidden <= kRowElems * warp) {
+    p.version = Version::kWarp;
+    p.threads = kWarpTeamsPerBlock * course::kWarpSize;
+    p.blocks = std::min(course::ceil_div<int64_t>(rows, kWarpTeamsPerBlock),
+                        course::ceil_div<int64_t>(warps_in_flight, kWarpTeamsPerBlock));
+    p.partial_rows = p.blocks;
+  } else if (hidden <= kRowElems * kMaxBlockThreads) {
+    p.version = Version::kBlock;
+    p.threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
+    p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (p.threads / warp)));
+    p.partial_rows = p.blocks;
+  } else {
+    p.version = Version::kStreaming;
+    p.threads = kStreamingThreads;
+    p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (kStreamingThreads / warp)));
+    p.partial_rows = p.blocks;
+  }
+  return p;
+}
+
+template <typename T, int VEC>
+void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg,
+                    float* pb, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(p.blocks);
+  switch (p.version) {
+    case Version::kWarp:
+      ln_backward_cached_kernel<T, VEC, true><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
+                                                                               hidden, eps);
+      break;
+    case Version::kBlock:
+      ln_backward_cached_kernel<T, VEC, false><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
+                                                                                hidden, eps);
+      break;
+    case Version::kStreaming:
+      ln_backward_streaming_kernel<T, VEC><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
+                                                                            hidden, eps);
+      break;
+  }
+}
+
+template <typename T>
+void launch_typed(const void* dy, const void* s, const void* gamma, const void* dsum, void* ds, float* pg, float* pb,
+                  int64_t partial_rows, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  const Plan p = make_plan<T>(dy, s, gamma, dsum, ds, rows, hidden);
+  TORCH_CHECK(p.partial_rows == partial_rows, "layer_norm_backward: partials sized for ", partial_rows,
+              " rows, the plan has ", p.partial_rows);
+  const T* dyt = static_cast<const T*>(dy);
+  const T* st = static_cast<const T*>(s);
+  const T* gt = static_cast<const T*>(gamma);
+  const T* rt = static_cast<const T*>(dsum);
+  T* out = static_cast<T*>(ds);
+  if (p.vec) launch_version<T, kVec16<T>>(p, dyt, st, gt, rt, out, pg, pb, rows, hidden, eps, stream);
+  else launch_version<T, 1>(p, dyt, st, gt, rt, out, pg, pb, rows, hidden, eps, stream);
+}
+
+template <typename T>
+void launch_reduce(const float* pg, const float* pb, int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
+                   cudaStream_t stream) {
+  const dim3 block(kReduceCols, kReduceRows);
+  const unsigned blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
+  ln_param_reduce_kernel<T><<<blocks, block, 0, stream>>>(pg, pb, partial_rows, hidden, static_cast<T*>(dgamma),
+                                                          static_cast<T*>(dbeta));
+}
+
+}  // namespace
+
+int64_t layer_norm_backward_partial_rows(DType dtype, const void* dy, const void* s, const void* gamma,
+                                         const void* dsum, const void* ds, int64_t rows, int64_t hidden) {
+  switch (dtype) {
+    case DType::kFloat16: return make_plan<__half>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
+    case DType::kBFloat16: return make_plan<__nv_bfloat16>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
+    default: return make_plan<float>(dy, s, gamma, dsum, ds, rows, hidden).partial_rows;
+  }
+}
+
+void launch_layer_norm_backward(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
+                                void* ds, float* partial_dgamma, float* partial_dbeta, int64_t partial_rows,
+                                int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  float* pg = partial_dgamma;
+  float* pb = partial_dbeta;
+  switch (dtype) {
+    case DType::kFloat32:
+      launch_typed<float>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      break;
+    case DType::kFloat16:
+      launch_typed<__half>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      break;
+    case DType::kBFloat16:
+      launch_typed<__nv_bfloat16>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      break;
+  }
+}
+
+void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, const float* partial_dbeta,
+                                    int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
+                                    cudaStream_t stream) {
+  const float* pg = partial_dgamma;
+  const float* pb = partial_dbeta;
+  switch (dtype) {
+    case DType::kFloat32: launch_reduce<float>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
+    case DType::kFloat16: launch_reduce<__half>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
+    case DType::kBFloat16: launch_reduce<__nv_bfloat16>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
+  }
+}
+
+}  // namespace phase6
