@@ -206,7 +206,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 #pragma unroll
               for (int w = 0; w < Tl::kVec / 4; ++w) {
                 const float4 x = qv[w];  // the same address across the warp: a broadcast
-                acc[n] = fmaf(x.x, kf[4 * w], fmaf(x.y, kf[4 * w + 1], fmaf(x.z, kf[4 * w + 2], fmaf(x.w, kf[4 * w + 3], acc[n]))));
+                acc[n] = fmaf(x.x, kf[4 * w], acc[n]);
+                acc[n] = fmaf(x.y, kf[4 * w + 1], acc[n]);
+                acc[n] = fmaf(x.z, kf[4 * w + 2], acc[n]);
+                acc[n] = fmaf(x.w, kf[4 * w + 3], acc[n]);
               }
             }
           }
