@@ -1,5 +1,5 @@
-// Device helpers both decoding kernels share: FP32 <-> storage-type conversions, 8-element vector
-// loads and stores, and the base-2 constants (the kernels keep scores and logsumexps in base 2).
+// Device helpers both decoding kernels share: FP32 <-> storage-type conversions, vector loads and
+// stores, and the base-2 constants (the kernels keep scores and logsumexps in base 2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,33 +25,50 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 template <>
 __device__ __forceinline__ float from_float<float>(float x) { return x; }
 
-// kN consecutive elements at src (16-byte aligned, kN * sizeof(T) a multiple of 16) as FP32,
-// read with 16-byte loads.
+// kN consecutive elements at src as FP32, read with one 8-byte load or with 16-byte loads (src
+// aligned to the load, kN * sizeof(T) = 8 or a multiple of 16).
 template <int kN, typename T>
 __device__ __forceinline__ void load_as_float(const T* src, float (&dst)[kN]) {
-  constexpr int kPerLoad = 16 / sizeof(T);
-  static_assert(kN % kPerLoad == 0, "whole 16-byte loads");
-#pragma unroll
-  for (int w = 0; w < kN / kPerLoad; ++w) {
-    const uint4 raw = reinterpret_cast<const uint4*>(src)[w];
+  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 8 || kBytes % 16 == 0, "whole 8- or 16-byte loads");
+  if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kPerLoad; ++i) dst[w * kPerLoad + i] = to_float(e[i]);
+    for (int i = 0; i < kN; ++i) dst[i] = to_float(e[i]);
+  } else {
+    constexpr int kPerLoad = 16 / sizeof(T);
+#pragma unroll
+    for (int w = 0; w < kN / kPerLoad; ++w) {
+      const uint4 raw = reinterpret_cast<const uint4*>(src)[w];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPerLoad; ++i) dst[w * kPerLoad + i] = to_float(e[i]);
+    }
   }
 }
 
-// kN FP32 values stored as T at dst (16-byte aligned), with 16-byte stores.
+// kN FP32 values stored as T at dst, with one 8-byte store or with 16-byte stores (same rules).
 template <int kN, typename T>
 __device__ __forceinline__ void store_from_float(T* dst, const float (&src)[kN]) {
-  constexpr int kPerStore = 16 / sizeof(T);
-  static_assert(kN % kPerStore == 0, "whole 16-byte stores");
-#pragma unroll
-  for (int w = 0; w < kN / kPerStore; ++w) {
-    uint4 raw;
+  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 8 || kBytes % 16 == 0, "whole 8- or 16-byte stores");
+  if constexpr (kBytes == 8) {
+    uint2 raw;
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kPerStore; ++i) e[i] = from_float<T>(src[w * kPerStore + i]);
-    reinterpret_cast<uint4*>(dst)[w] = raw;
+    for (int i = 0; i < kN; ++i) e[i] = from_float<T>(src[i]);
+    *reinterpret_cast<uint2*>(dst) = raw;
+  } else {
+    constexpr int kPerStore = 16 / sizeof(T);
+#pragma unroll
+    for (int w = 0; w < kN / kPerStore; ++w) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPerStore; ++i) e[i] = from_float<T>(src[w * kPerStore + i]);
+      reinterpret_cast<uint4*>(dst)[w] = raw;
+    }
   }
 }
 

@@ -31,7 +31,6 @@ namespace phase5_decode {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kPvWidth = 8;  // output elements of one row each thread accumulates
 
 template <typename T, int D>
 struct Tile {
@@ -45,8 +44,10 @@ struct Tile {
   // Scores: thread t takes key t % kBc and the rows r = t / kBc + n * kThreadsPerKey.
   static constexpr int kThreadsPerKey = kThreads / kBc;
   static constexpr int kScoreRows = kMaxRows / kThreadsPerKey;
-  // Softmax and P V: a group of kGroup threads owns a row, each thread kPvWidth of its D outputs;
-  // group g owns the rows r = g + n * kRowGroups.
+  // Softmax and P V: a group of kGroup threads owns a row, each thread kPvWidth of its D outputs
+  // (a warp per row from D = 128 on, so that 4 rows keep the 4 warps busy); group g owns the rows
+  // r = g + n * kRowGroups.
+  static constexpr int kPvWidth = D / 32 > 4 ? D / 32 : 4;
   static constexpr int kGroup = D / kPvWidth;
   static constexpr int kRowGroups = kThreads / kGroup;
   static constexpr int kPvRows = (kMaxRows + kRowGroups - 1) / kRowGroups;
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   if (!bad) {
     const int per_split = course::ceil_div(course::ceil_div(L, p.num_splits), Tl::kBc) * Tl::kBc;
     start = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(split) * per_split));
-    end = min(L, start + per_split);
+    end = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(start) + per_split));
   }
 
   // 2. (paged) Every page entry this split reads must name a page of the cache. A bad length or
@@ -124,18 +125,18 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   }
   bad = __syncthreads_or(bad);
 
-  float m[Tl::kPvRows], l[Tl::kPvRows], o[Tl::kPvRows][kPvWidth];  // running max, sum, output (base 2)
+  float m[Tl::kPvRows], l[Tl::kPvRows], o[Tl::kPvRows][Tl::kPvWidth];  // running max, sum, output (base 2)
 #pragma unroll
   for (int n = 0; n < Tl::kPvRows; ++n) {
     m[n] = -INFINITY;
     l[n] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPvWidth; ++e) o[n][e] = 0.0f;
+    for (int e = 0; e < Tl::kPvWidth; ++e) o[n][e] = 0.0f;
   }
   const int group = tid / Tl::kGroup;       // the row group of this thread (softmax, P V)
-  const int group_lane = tid % Tl::kGroup;  // its place in the group: outputs group_lane * 8 ...
-  const unsigned group_mask =
-      Tl::kGroup == 32 ? course::kFullMask : ((1u << Tl::kGroup) - 1) << ((tid % 32) & ~(Tl::kGroup - 1));
+  const int group_lane = tid % Tl::kGroup;  // its place in the group: outputs group_lane * kPvWidth ...
+  const unsigned group_mask =  // the lanes of this thread's group, for its shuffles
+      Tl::kGroup == 32 ? course::kFullMask : ((1u << (Tl::kGroup % 32)) - 1) << ((tid % 32) & ~(Tl::kGroup - 1));
 
   if (!bad) {
     // 3. Stage the block's query rows in shared memory as FP32, times scale * log2(e).
@@ -205,7 +206,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 #pragma unroll
               for (int w = 0; w < Tl::kVec / 4; ++w) {
                 const float4 x = qv[w];  // the same address across the warp: a broadcast
-                acc[n] = fmaf(x.x, kf[4 * w], fmaf(x.y, kf[4 * w + 1], fmaf(x.z, kf[4 * w + 2], fmaf(x.w, kf[4 * w + 3], acc[n]))));
+                acc[n] = fmaf(x.x, kf[4 * w], acc[n]);
+                acc[n] = fmaf(x.y, kf[4 * w + 1], acc[n]);
+                acc[n] = fmaf(x.z, kf[4 * w + 2], acc[n]);
+                acc[n] = fmaf(x.w, kf[4 * w + 3], acc[n]);
               }
             }
           }
@@ -245,24 +249,24 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
           l[n] = l[n] * alpha + tile_sum;
           m[n] = m_new;
 #pragma unroll
-          for (int e = 0; e < kPvWidth; ++e) o[n][e] *= alpha;
+          for (int e = 0; e < Tl::kPvWidth; ++e) o[n][e] *= alpha;
         }
       }
       __syncwarp();  // a group reads the probabilities its other lanes wrote
 
-      // 9. O += P V: each thread its 8 outputs of its rows, one V row (8 elements) per key.
+      // 9. O += P V: each thread its kPvWidth outputs of its rows, one piece of V row j per key.
       {
-        const T* v_tile = sV + stage * Tl::kTileElems + group_lane * kPvWidth;
+        const T* v_tile = sV + stage * Tl::kTileElems + group_lane * Tl::kPvWidth;
         for (int j = 0; j < Tl::kBc; ++j) {
-          float vf[kPvWidth];
-          load_as_float<kPvWidth>(v_tile + j * Tl::kStride, vf);
+          float vf[Tl::kPvWidth];
+          load_as_float<Tl::kPvWidth>(v_tile + j * Tl::kStride, vf);
 #pragma unroll
           for (int n = 0; n < Tl::kPvRows; ++n) {
             const int r = group + n * Tl::kRowGroups;
             if (r < rows) {
               const float prob = sS[r * Tl::kSStride + j];
 #pragma unroll
-              for (int e = 0; e < kPvWidth; ++e) o[n][e] = fmaf(prob, vf[e], o[n][e]);
+              for (int e = 0; e < Tl::kPvWidth; ++e) o[n][e] = fmaf(prob, vf[e], o[n][e]);
             }
           }
         }
@@ -282,15 +286,15 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
       const int64_t grow = grow0 + r;
       const float inv_l = bad ? nan : (l[n] > 0.0f ? 1.0f / l[n] : 0.0f);
       const float lse2 = bad ? nan : (l[n] > 0.0f ? m[n] + log2f(l[n]) : -INFINITY);
-      float out[kPvWidth];
+      float out[Tl::kPvWidth];
 #pragma unroll
-      for (int e = 0; e < kPvWidth; ++e) out[e] = o[n][e] * inv_l;
+      for (int e = 0; e < Tl::kPvWidth; ++e) out[e] = o[n][e] * inv_l;
       if (p.num_splits == 1) {
-        store_from_float<kPvWidth>(static_cast<T*>(p.out) + grow * D + group_lane * kPvWidth, out);
+        store_from_float<Tl::kPvWidth>(static_cast<T*>(p.out) + grow * D + group_lane * Tl::kPvWidth, out);
         if (group_lane == 0) p.lse[grow] = lse2 * kLn2;
       } else {
         const int64_t at = split * total_rows + grow;
-        store_from_float<kPvWidth>(p.o_part + at * D + group_lane * kPvWidth, out);
+        store_from_float<Tl::kPvWidth>(p.o_part + at * D + group_lane * Tl::kPvWidth, out);
         if (group_lane == 0) p.lse_part[at] = lse2;
       }
     }

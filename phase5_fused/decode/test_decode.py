@@ -194,6 +194,49 @@ def test_non_contiguous_q_and_default_device():
                  dtype=torch.float16, rel_tol=TOL[torch.float16], seed_info=info)
 
 
+@requires_gpu
+@pytest.mark.parametrize("Sq", [1, 4])
+def test_full_cache_matches_sdpa_with_gqa(Sq):
+    """On a full cache the bottom-right rule is torch SDPA's with an explicit mask (and no mask at
+    Sq = 1): the same answer as sdpa(enable_gqa=True), within the dtype's tolerance."""
+    import torch.nn.functional as F
+
+    q, k, v, lengths, table, info = make_case([777, 777], 16, 4, Sq, 128, torch.float16, None)
+    visible = torch.ones(Sq, 777, dtype=torch.bool, device="cuda").tril(777 - Sq)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    ref = reference.decode_attention(q, k, v, lengths)
+    assert_close(expected, ref, dtype=torch.float16, rel_tol=TOL[torch.float16], what="sdpa", seed_info=info)
+    assert_close(decode.attention(q, k, v, lengths), ref, dtype=torch.float16, rel_tol=TOL[torch.float16],
+                 seed_info=info)
+
+
+@requires_gpu
+def test_fake_tensor_shapes():
+    """The registered fake implementation (for torch.compile) gives the output's and lse's shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = decode.load()
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 3, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 2, 40, 64, dtype=torch.bfloat16, device="cuda")
+        lengths = torch.empty(2, dtype=torch.int32, device="cuda")
+        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12)
+    assert out.shape == (2, 8, 3, 64) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
+
+
+def test_import_builds_nothing():
+    """Importing the module (and the phase package) must not build or load the extension."""
+    import subprocess
+    import sys
+
+    from utils.build import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-c", "import phase5_fused.decode; from utils.build import LOADED_OPS; "
+                           "assert not LOADED_OPS"], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad values on the device: NaN rows from the kernel, ValueError from the debug check
 

@@ -1,0 +1,221 @@
+"""`python -m phase5_fused.decode.run [--quick] [--no-ncu]`: measure the decoding kernels, then render.
+
+1. One decoding step in FP16 (Sq = 1 new token, H = 32 query heads, H_kv = 8 KV heads, D = 128) on
+   a full cache of S in {4K, 32K, 128K} keys, batch B in {1, 16, 64} (points whose K and V pass
+   MAX_KV_GB are skipped): phase5_decode on the contiguous cache, phase5_decode_paged on the same
+   values in shuffled pages of PAGE_SIZE keys, torch SDPA's flash and cuDNN backends with
+   enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
+   reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
+   and timed on K and V copied per query head instead (rows marked kv_expanded).
+2. One prefill beside it, for the Roofline: sdpa_flash on B = 1, S = 4096, the same heads, causal.
+3. results/metrics.json, then the tables that manifest.json declares (utils.render).
+
+Bandwidth counts the bytes a decoding step must read: gbps = 2 * B * H_kv * S * D * 2 bytes (K and
+V, FP16) / time (q and the output, B * H * D elements each, are under 0.1% of it). FLOPs =
+4 * B * H * Sq * S * D. --no-ncu is accepted for the common command line (this lesson runs no ncu
+step). Without a GPU it measures nothing and renders from the committed results. --quick: S in
+{4K, 32K}, B in {1, 16}, written to results/quick/metrics.json, not rendered. Under 2 minutes on
+an H100.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from phase5_fused import decode
+from utils.kernel_bench import lesson_main, results_dir
+
+HERE = Path(__file__).resolve().parent
+H, H_KV, D, SQ = 32, 8, 128, 1
+DTYPE = torch.float16
+CACHE_LENS = (4096, 32768, 131072)
+BATCHES = (1, 16, 64)
+QUICK_CACHE_LENS, QUICK_BATCHES = (4096, 32768), (1, 16)
+PAGE_SIZE = 64
+MAX_KV_GB = 20  # K + V of one point; the paged copy doubles it while it is built
+REFERENCE_LIMIT = 2**20  # B * H * S at most for the float64 reference (expanded K and V, ~1 GB each)
+PREFILL_S = 4096
+SDPA = ("sdpa_flash", "sdpa_cudnn")
+
+
+# ------------------------------------------------------------------------------------------------
+# Implementations: f(q, k, v, lengths) on the contiguous cache
+
+
+def sdpa_gqa(name: str):
+    """torch SDPA pinned to one backend, with enable_gqa=True: K and V stay [B, H_kv, S, D]."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from utils.peers import SDPA_BACKENDS
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[name])
+
+    def run(q, k, v, lengths=None, is_causal=False):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+
+    return run
+
+
+def torch_naive(q, k, v, lengths=None):
+    """Scores, softmax and output as three kernels, the G query heads of a KV head as one matrix
+    (q viewed [B, H_kv, G * Sq, D]), so K and V are read once, as in the kernel."""
+    B, Hq, Sq, Dh = q.shape
+    H_kv = k.shape[1]
+    qg = q.reshape(B, H_kv, (Hq // H_kv) * Sq, Dh)
+    s = torch.matmul(qg, k.transpose(-1, -2)) * (Dh ** -0.5)
+    return torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), v).reshape(B, Hq, Sq, Dh)
+
+
+def ours(q, k, v, lengths):
+    return decode.attention(q, k, v, lengths)
+
+
+def to_pages(k, v, page_size: int, seed: int):
+    """The contiguous cache [B, H_kv, S, D] as shuffled pages [B * S / page_size, H_kv, page_size, D]
+    and the page table [B, S / page_size] (int32)."""
+    B, H_kv, S, Dh = k.shape
+    per_seq = S // page_size
+    perm = torch.randperm(B * per_seq, generator=torch.Generator().manual_seed(seed)).to(k.device)
+    pages = []
+    for x in (k, v):
+        logical = x.view(B, H_kv, per_seq, page_size, Dh).transpose(1, 2).reshape(B * per_seq, H_kv, page_size, Dh)
+        physical = torch.empty_like(logical)
+        physical[perm] = logical
+        pages.append(physical)
+        del logical
+    table = perm.view(B, per_seq).to(torch.int32)
+    return pages[0], pages[1], table
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark
+
+
+def decode_row(impl, fn, args, B, S, ref=None, **extra) -> dict:
+    from utils import roofline
+    from utils.bench import time_cuda
+    from utils.testing import rel_error
+
+    ms = time_cuda(lambda: fn(*args))
+    kv_bytes = 2.0 * B * H_KV * S * D * 2
+    flops = roofline.attention_flops(B, H, SQ, S, D)
+    row = {"impl": impl, "op": "decode", "B": B, "H": H, "H_kv": H_KV, "Sq": SQ, "Sk": S, "D": D,
+           "dtype": "float16", "causal": False, "ms": ms, "gbps": roofline.gbps(kv_bytes, ms),
+           "tflops": roofline.tflops(flops, ms), "flop_per_byte": flops / kv_bytes, **extra}
+    if ref is not None:
+        row["rel_err"] = rel_error(fn(*args), ref)
+    print(f"    {impl:<20} B={B:<3} S={S:<6} {ms * 1e3:9.1f} us  {row['gbps']:7.0f} GB/s", flush=True)
+    return row
+
+
+def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
+    from utils import reference
+    from utils.bench import sweep
+
+    skipped: dict = {}
+    configs = [{"S": S, "B": B} for S in cache_lens for B in batches
+               if 2 * B * H_KV * S * D * 2 <= MAX_KV_GB * 1e9]
+    for S in cache_lens:
+        for B in batches:
+            if 2 * B * H_KV * S * D * 2 > MAX_KV_GB * 1e9:
+                skipped[f"B={B} S={S}"] = f"K and V take {2 * B * H_KV * S * D * 2 / 1e9:.0f} GB (> {MAX_KV_GB} GB)"
+
+    def run_config(c):
+        S, B = c["S"], c["B"]
+        gen = torch.Generator(device="cuda").manual_seed(S + B)
+        q = torch.randn(B, H, SQ, D, device="cuda", dtype=DTYPE, generator=gen)
+        k = torch.randn(B, H_KV, S, D, device="cuda", dtype=DTYPE, generator=gen)
+        v = torch.randn(B, H_KV, S, D, device="cuda", dtype=DTYPE, generator=gen)
+        lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
+        ref = reference.decode_attention(q, k, v, lengths) if B * H * S <= REFERENCE_LIMIT else None
+        blocks = B * H_KV * math.ceil(H // H_KV * SQ / decode.rows_per_block(H // H_KV * SQ))
+        splits = decode.choose_num_splits(blocks, S, decode.sm_count(torch.cuda.current_device()))
+        rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits)]
+        rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
+        for name in SDPA:
+            try:
+                rows.append(decode_row(name, sdpa_gqa(name), (q, k, v, lengths), B, S, ref))
+                continue
+            except RuntimeError as exc:
+                skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
+                print(f"    {name}: enable_gqa refused ({skipped[f'{name} B={B} S={S}']})", flush=True)
+            # The backend refused enable_gqa: time it on K and V copied per query head (made outside
+            # the timing; the step then reads H / H_kv times the bytes), marked kv_expanded.
+            try:
+                k_e, v_e = (x.repeat_interleave(H // H_KV, dim=1) for x in (k, v))
+                rows.append(decode_row(name, sdpa_gqa(name), (q, k_e, v_e, lengths), B, S, ref, kv_expanded=True))
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+                skipped[f"{name} expanded B={B} S={S}"] = str(exc).splitlines()[0][:200]
+            k_e = v_e = None
+            torch.cuda.empty_cache()
+        del ref
+        k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
+        del k, v
+        torch.cuda.empty_cache()
+        paged = lambda q_, k_, v_, n_: decode.attention(q_, k_, v_, n_, page_table=table)  # noqa: E731
+        rows.append(decode_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,
+                               num_splits=splits, page_size=PAGE_SIZE))
+        del q, k_pages, v_pages, table
+        torch.cuda.empty_cache()
+        return rows
+
+    return sweep(configs, run_config, "decode"), skipped
+
+
+def prefill_row() -> dict:
+    """sdpa_flash on a causal prefill of PREFILL_S tokens (B = 1, the same heads): the compute-bound
+    end of the same attention, for the Roofline table. Bytes: q, k, v and out once each."""
+    from utils import roofline
+    from utils.bench import time_cuda
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1, H, PREFILL_S, D, device="cuda", dtype=DTYPE, generator=gen)
+    k = torch.randn(1, H_KV, PREFILL_S, D, device="cuda", dtype=DTYPE, generator=gen)
+    v = torch.randn(1, H_KV, PREFILL_S, D, device="cuda", dtype=DTYPE, generator=gen)
+    fn = sdpa_gqa("sdpa_flash")
+    ms = time_cuda(lambda: fn(q, k, v, is_causal=True))
+    flops = roofline.attention_flops(1, H, PREFILL_S, PREFILL_S, D, causal=True)
+    nbytes = 2.0 * (2 * H * PREFILL_S * D + 2 * H_KV * PREFILL_S * D)
+    print(f"    prefill sdpa_flash S={PREFILL_S}: {ms:.3f} ms", flush=True)
+    return {"impl": "sdpa_flash", "op": "prefill", "B": 1, "H": H, "H_kv": H_KV, "Sq": PREFILL_S, "Sk": PREFILL_S,
+            "D": D, "dtype": "float16", "causal": True, "ms": ms, "gbps": roofline.gbps(nbytes, ms),
+            "tflops": roofline.tflops(flops, ms), "flop_per_byte": flops / nbytes}
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def measure(args) -> Path:
+    """The benchmark and the prefill point, written to the results file (returned)."""
+    from utils.results import write_results
+    from utils.roofline import get_ceilings
+
+    ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
+    decode.load()
+    rows, skipped = benchmark(QUICK_CACHE_LENS if args.quick else CACHE_LENS, QUICK_BATCHES if args.quick else BATCHES)
+    try:
+        rows.append(prefill_row())
+    except RuntimeError as exc:
+        skipped["prefill sdpa_flash"] = str(exc).splitlines()[0][:200]
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, skipped=skipped)
+
+
+def profile_target(names: str) -> None:
+    """One headline call (B = 16, S = 32K) of our kernel, for an ncu run by hand."""
+    q = torch.randn(16, H, SQ, D, device="cuda", dtype=DTYPE)
+    k = torch.randn(16, H_KV, 32768, D, device="cuda", dtype=DTYPE)
+    decode.attention(q, k, k, torch.full((16,), 32768, dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+
+
+def main(argv=None) -> int:
+    return lesson_main(argv, HERE, "Phase 5 decoding benchmark, then its tables", measure, profile_target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
