@@ -150,7 +150,36 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
         resolve_mode("fused_tc", torch.empty(1, 2, 16, 64, dtype=torch.float16))
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         resolve_mode("auto", "q")
-    assert ("fused_tc", "cuda", torch.float16, 4, 64, 2) not in A._RESOLVED  # errors are not remembered
+    assert not any(key[0] == "fused_tc" and key[5] == 2 for key in A._RESOLVED)  # errors are not remembered
+
+
+def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkeypatch):
+    """On an sm_90 GPU auto picks fused_hopper for FP16/BF16 at D 64/128; a mask, a gradient or
+    another D send it to fused_tc, and the explicit mode refuses them with the reason."""
+    monkeypatch.setattr(A, "_RESOLVED", {})
+    monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16, device="cuda")
+        mask = torch.ones(16, 16, dtype=torch.bool, device="cuda")
+        assert resolve_mode("auto", q, q, q) == "fused_hopper"
+        assert resolve_mode("auto", q, q, q, mask=mask) == "fused_tc"
+        with pytest.raises(UnsupportedModeError, match="takes no mask"):
+            resolve_mode("fused_hopper", q, q, q, mask=mask)
+        trained = q.clone().requires_grad_()
+        assert resolve_mode("auto", trained, q, q) == "fused_tc"
+        with pytest.raises(UnsupportedModeError, match="has no backward pass"):
+            resolve_mode("fused_hopper", trained, q, q)
+        with torch.no_grad():
+            assert resolve_mode("auto", trained, q, q) == "fused_hopper"
+        q96 = torch.empty(1, 2, 16, 96, dtype=torch.float16, device="cuda")
+        assert resolve_mode("auto", q96) == "fused_tc"
+    monkeypatch.setattr(A, "_RESOLVED", {})
+    monkeypatch.setattr(A, "_capability", lambda index: (8, 6))
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
+        assert resolve_mode("auto", q) == "fused_tc"
+        with pytest.raises(UnsupportedModeError, match=r"compute capability \(9, 0\) \(got \(8, 6\)\)"):
+            resolve_mode("fused_hopper", q)
 
 
 def test_a_call_checks_its_inputs_once(monkeypatch):
@@ -301,7 +330,7 @@ def test_optimized_transformer_loads_the_baseline_weights():
         assert torch.equal(fast.state_dict()[name], p), name
     half = OptimizedTransformer.from_state_dict(base.state_dict(), config, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in half.parameters())
-    assert half.attention_mode == "fused_tc" and half.mlp_impl == "cublas"
+    assert half.attention_mode == "auto" and half.mlp_impl == "cublas"
     assert fast.attention_mode == "fused" and fast.mlp_impl == "phase6"
     with pytest.raises(ValueError, match="mlp='phase6' runs FP32 only"):
         OptimizedTransformer(config, dtype=torch.float16, mlp="phase6")
