@@ -271,9 +271,10 @@ def _finish(fig, plt, title: str, env: dict, path: Path, right: float | None = N
 
 
 def draw(plot: dict, manifest: dict) -> Path | None:
-    """Draw one declared plot; None where its results file does not exist yet."""
+    """Draw one declared plot; None where its results file does not exist yet or holds none of its
+    rows (a plot declared before the run that measures it: an empty figure says nothing)."""
     parts = loaded_sources(plot, manifest)
-    if not parts:
+    if not any(part_rows for part_rows, _ in parts):
         return None
     doc = parts[0][1]   # the first results file's ceilings
     env = doc["env"] if len(parts) == 1 else [d["env"] for _, d in parts]

@@ -225,6 +225,7 @@ def test_plots_read_several_sources_and_several_fields(tmp_path):
     manifest = {**manifest, "plots": [roof, bars]}
     assert [p.name for p in plots.draw_all(manifest)] == ["roof.png", "bars.png"]
     assert plots.draw({**roof, "sources": [{"source": "results/missing.json"}]}, manifest) is None
+    assert plots.draw({**bars, "where": {"impl": "not measured yet"}}, manifest) is None   # no empty figure
 
 
 def test_ncu_records_named_by_a_format_of_the_row(tmp_path):
