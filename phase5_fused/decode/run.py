@@ -84,7 +84,7 @@ def to_pages(k, v, page_size: int, seed: int):
     pages = []
     for x in (k, v):
         logical = x.view(B, H_kv, per_seq, page_size, Dh).transpose(1, 2).reshape(B * per_seq, H_kv, page_size, Dh)
-        physical = torch.empty_like(logical)
+        physical = torch.empty(logical.shape, dtype=x.dtype, device=x.device)  # contiguous (B=1 gives a view)
         physical[perm] = logical
         pages.append(physical)
         del logical

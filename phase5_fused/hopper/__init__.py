@@ -15,6 +15,7 @@ Importing this module builds nothing; load() builds the extension on first use.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -55,10 +56,16 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    """A device's compute capability, asked once per device (the driver query costs microseconds)."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def check_hopper(device: torch.device) -> None:
     """Raise unless `device` is a Hopper GPU (sm_90): the kernels are compiled for sm_90a only."""
-    capability = torch.cuda.get_device_capability(device)
-    if tuple(capability) != HOPPER:
+    capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    if capability != HOPPER:
         raise RuntimeError(f"phase5_fused.hopper needs a Hopper GPU (sm_90): {torch.cuda.get_device_name(device)} "
                            f"is sm_{capability[0]}{capability[1]}; use phase5_fused.tensor_cores there")
 
