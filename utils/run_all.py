@@ -40,7 +40,13 @@ Step = tuple[str, Callable[[], bool]]
 
 def lesson_runs(part: int | None = None) -> list[str]:
     """The lessons' `run` modules in course order (only those of one part, if given)."""
-    return [m["run"] for m in lessons() if "run" in m and part in (None, m.get("part"))]
+    return [run for m in lessons() if "run" in m and part in (None, m.get("part")) for run in runs_of(m)]
+
+
+def runs_of(manifest: dict) -> list[str]:
+    """A manifest's `run`: one module, or a list of modules run in turn."""
+    run = manifest["run"]
+    return [run] if isinstance(run, str) else list(run)
 
 
 def parts() -> list[int]:
