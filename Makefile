@@ -1,7 +1,7 @@
 # Thin wrappers; every target runs with the interpreter utils/env.sh picks (and sets up if needed).
 PY := $(shell sh utils/env.sh)
 
-.PHONY: run test build profile sanitize student grade clean
+.PHONY: run test build profile sanitize notebook student grade clean
 
 run:        ## on a GPU: build, run every lesson, redraw every table and plot; without one: only redraw them
 	$(PY) -m utils.run_all
@@ -17,6 +17,10 @@ sanitize:   ## compute-sanitizer memcheck and racecheck over every lesson's kern
 
 profile:    ## the phase 1 profile of the PyTorch baseline (GPU)
 	$(PY) -m phase1_baseline.run
+
+notebook:   ## open the walkthrough notebook in JupyterLab (installs the optional extra `notebook` the first time)
+	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -e '.[notebook]'
+	$(PY) -m jupyter lab final/walkthrough.ipynb
 
 student:    ## write the student starter kit: make student OUT=DIR
 	@test -n "$(OUT)" || { echo "usage: make student OUT=DIR (the folder the starter kit is written to)"; exit 2; }
