@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_merge_kernel(const Params 
   const int64_t total_rows = static_cast<int64_t>(p.B) * p.H_kv * p.rows;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / course::kWarpSize;
   if (row >= total_rows) return;
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax (Lines 10-13) and Line 15 TODOs as Steps 1-4 here, once the teaching kernel's tests pass, over the splits instead of the keys: for this warp's row, split s's lse_s at p.lse_part[s * total_rows + row] and its O_s at p.o_part + (s * total_rows + row) * D; the largest lse_s first (warp reductions, and whether any lse_s is NaN), then lse = top + log2 of the sum of 2^(lse_s - top) (-inf if no split saw a key), O = the sum of 2^(lse_s - lse) O_s (each lane its kPerLane outputs d = lane + 32 e), and the row written in q's dtype into p.out with lse * ln 2 into p.lse, both NaN if any split was NaN (README: How the partial results merge exactly)
   const float* lse_split = p.lse_part + row;  // split s at lse_split[s * total_rows]
 
   // 1. The largest split logsumexp, and whether any split is NaN.
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_merge_kernel(const Params 
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) out[lane + e * course::kWarpSize] = from_float<T>(nan ? poison : acc[e]);
   if (lane == 0) p.lse[row] = nan ? poison : lse * kLn2;
+  // END SOLUTION
 }
 
 template <typename T, int D>

@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 
       // 8. Online softmax, one row per group of threads: the tile's row maximum, the new running
       //    maximum m, p = 2^(s - m) written over the scores, l and O rescaled by 2^(m_old - m).
+      // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 8 here, once the teaching kernel's tests pass: for each of this thread's rows (r = group + n * kRowGroups, r < rows), a group of kGroup threads shares the row (kGroup-strided keys of the tile, the tile's max and its sum combined by shuffles, group_max / group_sum with group_mask), the scores are already in log2 units (exp2f), P is written over the scores in sS for Step 9, and each thread rescales only its kPvWidth outputs of O; a row with no visible key yet gives zeros, never NaN (README: Design)
 #pragma unroll
       for (int n = 0; n < Tl::kPvRows; ++n) {
         const int r = group + n * Tl::kRowGroups;
@@ -252,6 +253,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
           for (int e = 0; e < Tl::kPvWidth; ++e) o[n][e] *= alpha;
         }
       }
+      // END SOLUTION
       __syncwarp();  // a group reads the probabilities its other lanes wrote
 
       // 9. O += P V: each thread its kPvWidth outputs of its rows, one piece of V row j per key.
@@ -278,6 +280,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 
   // 11. Write each row: O / l and its logsumexp (NaN for a bad length or page). One split writes
   //     the output in q's dtype and the natural-log lse; several write FP32 partials for the merge.
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as Step 11 here, once the teaching kernel's tests pass: for each of this thread's rows (r = group + n * kRowGroups, r < rows, global row grow0 + r), O / l (zeros when l = 0) and the logsumexp in log2 units, m + log2(l) (-inf when l = 0), both NaN when the block is `bad`; each lane of the row's group stores its kPvWidth outputs (store_from_float): with one split O in q's dtype into p.out and lse * ln 2 into p.lse (one lane per row), with several the FP32 O into p.o_part and the base-2 lse into p.lse_part at this split's slot (split * total_rows + row) for the merge (README: How the partial results merge exactly)
   const float nan = __int_as_float(0x7fffffff);
 #pragma unroll
   for (int n = 0; n < Tl::kPvRows; ++n) {
@@ -299,6 +302,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
       }
     }
   }
+  // END SOLUTION
 }
 
 template <typename T, int D, bool kPaged>
