@@ -131,6 +131,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kBN / 2], float scale_
 // quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
 // visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
 __device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 3 here, once the teaching kernel's tests pass: on this thread's two rows (h = 0: row g, h = 1: row g + 8) of the wgmma S fragment, whose kBN scores are spread over the 4 lanes of a quad (a row's max needs two shuffles); the scores are already in log2 units (tc::exp2_approx), P replaces S in place, l stays the lane's partial sum, and the rescale factor alpha is returned instead of applied to O (rescale_o below does that; v3 calls it later) (README: Design)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float row_max = -CUDART_INF_F;
@@ -153,16 +154,19 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2],
     }
     l[h] = l[h] * alpha[h] + row_sum;
   }
+  // END SOLUTION
 }
 
 // O = alpha O, row by row.
 template <int D>
 __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13), its rescale of O, as the end of Step 3 here, once the teaching kernel's tests pass: O = alpha O on this thread's wgmma O fragment, in which element 4j + e (n8 tile j) belongs to row g when e < 2 and to row g + 8 otherwise (README: Design)
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
   }
+  // END SOLUTION
 }
 
 // The softmax step and the O rescale together (v1, v2).
@@ -235,6 +239,7 @@ __device__ __forceinline__ void store_output(const float (&o)[D / 2], const floa
   const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
   const int lane = tid % 32;
   const int tile_row = wg * 64 + (tid / 32) * 16 + lane / 4;  // row g in the kBM tile
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as the epilogue's first step here, once the teaching kernel's tests pass: for this thread's two rows (g = tile_row and g + 8), the 4 lanes' partial sums of a row added, then O / l (zeros when l = 0) rounded to T into the warpgroup's own rows of the Q tile, swizzled as the copy below reads them (swizzled_chunk, panels kBM x 128 bytes apart); when p.lse is set, one lane per row writes the natural-log logsumexp m ln 2 + ln l (-inf when l = 0) for rows below p.Sq (README: Design)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float total = l[h];
@@ -250,6 +255,7 @@ __device__ __forceinline__ void store_output(const float (&o)[D / 2], const floa
     if (p.lse != nullptr && lane % 4 == 0 && m0 + row < p.Sq)
       p.lse[bh * p.Sq + m0 + row] = total > 0.0f ? m[h] * kLn2 + logf(total) : -CUDART_INF_F;
   }
+  // END SOLUTION
   named_barrier_sync(barrier, kWarpgroup);
   T* out = static_cast<T*>(p.o) + bh * p.Sq * D;
   constexpr int kChunks = D / 8;
