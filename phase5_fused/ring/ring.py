@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from phase5_fused.ring.blocks import BLOCKS
+from phase5_fused.ring.blocks import BACKWARDS, BLOCKS
 from phase5_fused.ring.merge import merge
 from phase5_fused.ring.sharding import chunk_ids, valid_keys
 from utils.checks import check_tensor
@@ -44,6 +44,21 @@ def _check(q, k, v, seq_len: int, world: int, is_causal: bool) -> None:
                          "(cut the sequence with phase5_fused.ring.sharding.shard)")
 
 
+def block_pairs(q_ids, src: int, shard_len: int, world: int, is_causal: bool, seq_len: int):
+    """The (query chunk, key block) pairs a rank computes against src's K/V shard: (index of the
+    query chunk, slice of the shard's keys, whether the pair is causal-diagonal). Causal: a key
+    chunk after the query chunk is skipped, the same chunk is the diagonal, an earlier one is
+    computed unmasked. Non-causal: each key chunk cut to its real keys (the end padding off)."""
+    k_ids = chunk_ids(src, world, is_causal)
+    chunk_len = shard_len // len(k_ids)
+    for qi, q_id in enumerate(q_ids):
+        for kj, k_id in enumerate(k_ids):
+            n = chunk_len if is_causal else valid_keys(k_id, chunk_len, seq_len)
+            if (is_causal and k_id > q_id) or n == 0:
+                continue
+            yield qi, slice(kj * chunk_len, kj * chunk_len + n), is_causal and k_id == q_id
+
+
 class _Attention:
     """The running (o, lse) of this rank's query chunks, and the block pairs it computes."""
 
@@ -57,23 +72,13 @@ class _Attention:
 
     def add(self, kv: torch.Tensor, src: int) -> None:
         """Attend this rank's query chunks to src's K/V shard (kv = stack(k, v)) and merge."""
-        k_ids = chunk_ids(src, self.world, self.is_causal)
-        chunk_len = kv.shape[3] // len(k_ids)
-        for qi, q_id in enumerate(self.ids):
-            for kj, k_id in enumerate(k_ids):
-                if self.is_causal and k_id > q_id:
-                    continue                                   # a later chunk: every key is hidden
-                k, v = (x[:, :, kj * chunk_len:(kj + 1) * chunk_len] for x in kv)
-                if not self.is_causal:                         # cut the end padding off
-                    n = valid_keys(k_id, chunk_len, self.seq_len)
-                    if n == 0:
-                        continue
-                    k, v = k[:, :, :n], v[:, :, :n]
-                o_b, lse_b = self.block(self.q_chunks[qi], k, v, self.is_causal and k_id == q_id, self.scale)
-                if self.o[qi] is None:
-                    self.o[qi], self.lse[qi] = o_b, lse_b
-                else:
-                    self.o[qi], self.lse[qi] = merge(self.o[qi], self.lse[qi], o_b, lse_b)
+        for qi, keys, diagonal in block_pairs(self.ids, src, kv.shape[3], self.world, self.is_causal, self.seq_len):
+            k, v = (x[:, :, keys] for x in kv)
+            o_b, lse_b = self.block(self.q_chunks[qi], k, v, diagonal, self.scale)
+            if self.o[qi] is None:
+                self.o[qi], self.lse[qi] = o_b, lse_b
+            else:
+                self.o[qi], self.lse[qi] = merge(self.o[qi], self.lse[qi], o_b, lse_b)
 
     def result(self, dtype: torch.dtype, return_lse: bool):
         # Every query chunk has met at least one key chunk: its own diagonal (causal) or the
@@ -86,6 +91,19 @@ def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
+def _pass_on(send: torch.Tensor, receive: torch.Tensor, rank: int, world: int, group) -> list:
+    """Start sending `send` to the next rank of the ring and receiving the previous rank's into
+    `receive`; returns the requests to wait for."""
+    return dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, send, _global(group, (rank + 1) % world), group),
+        dist.P2POp(dist.irecv, receive, _global(group, (rank - 1) % world), group)])
+
+
+def _wait(requests: list) -> None:
+    for request in requests:
+        request.wait()
+
+
 def ring_attention(q, k, v, seq_len: int, is_causal: bool = False, scale: float | None = None,
                    block: str = "reference", group=None, return_lse: bool = False):
     """This rank's output shard of softmax(scale q k^T) v over the whole sequence.
@@ -94,28 +112,96 @@ def ring_attention(q, k, v, seq_len: int, is_causal: bool = False, scale: float 
     is_causal); seq_len: the sequence's real length (before padding). block: a key of
     blocks.BLOCKS. group: the process group (default: the default group, or one process when none
     is initialized). Returns the output shard in q's dtype (and its logsumexp [B, H, S_local]).
+    Differentiable in q, k, v (ring_attention_backward) for the blocks of blocks.BACKWARDS.
     """
     rank, world = _group_info(group)
     _check(q, k, v, seq_len, world, is_causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        if block not in BACKWARDS:
+            raise ValueError(f"block {block!r} has no backward here (blocks with one: {sorted(BACKWARDS)})")
+        out, lse = _RingAttention.apply(q, k, v, seq_len, is_causal, scale, block, group)
+    else:
+        out, lse = _ring_forward(q, k, v, seq_len, is_causal, scale, block, group)
+    return (out, lse) if return_lse else out
+
+
+def _ring_forward(q, k, v, seq_len, is_causal, scale, block, group):
+    rank, world = _group_info(group)
     state = _Attention(q, seq_len, rank, world, is_causal, scale, block)
     kv = torch.stack([k, v])
     receive = torch.empty_like(kv)
     for step in range(world):
         # 1. Start passing the K/V shard on (and receiving the next) before computing with it.
-        pending = []
-        if step + 1 < world:
-            pending = dist.batch_isend_irecv([
-                dist.P2POp(dist.isend, kv, _global(group, (rank + 1) % world), group),
-                dist.P2POp(dist.irecv, receive, _global(group, (rank - 1) % world), group)])
+        pending = _pass_on(kv, receive, rank, world, group) if step + 1 < world else []
         # 2. Attend to the shard of rank (rank - step) and merge by logsumexp.
         state.add(kv, (rank - step) % world)
         # 3. Wait for the transfer; the received shard is the next step's, the old buffer receives next.
-        for request in pending:
-            request.wait()
+        _wait(pending)
         if pending:
             kv, receive = receive, kv
-    return state.result(q.dtype, return_lse)
+    return state.result(q.dtype, return_lse=True)
+
+
+def ring_attention_backward(q, k, v, out, lse, dout, seq_len: int, is_causal: bool = False,
+                            scale: float | None = None, block: str = "reference", group=None):
+    """(dq, dk, dv) of this rank's shards, from ring_attention's out and lse (return_lse=True) and
+    the output's gradient dout (all this rank's shards).
+
+    The K/V shards travel the ring again, each with an accumulator of its dK, dV: in step s rank r
+    adds its queries' share to the gradients of the shard it holds (blocks.BACKWARDS, from the
+    whole rows' out and lse) and passes shard and accumulator on; after the last step every
+    accumulator holds every rank's share, and one more hop returns it to the shard's owner. dQ
+    stays home. The gradients are summed in float32 (float64 for the reference block)."""
+    rank, world = _group_info(group)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    block_backward = BACKWARDS[block]
+    ids = chunk_ids(rank, world, is_causal)
+    q_chunks, out_chunks, dout_chunks, lse_chunks = (x.chunk(len(ids), dim=2) for x in (q, out, dout, lse))
+    acc = torch.float64 if block == "reference" else torch.float32
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dq_chunks = dq.chunk(len(ids), dim=2)
+    kv = torch.stack([k, v])
+    dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)
+    kv_next, dkv_next = torch.empty_like(kv), torch.empty_like(dkv)
+    for step in range(world):
+        # 1. Start passing the K/V shard on; its gradient accumulator goes once this rank's share is in.
+        pending = _pass_on(kv, kv_next, rank, world, group) if step + 1 < world else []
+        # 2. This rank's share of the gradients against the shard of rank (rank - step).
+        src = (rank - step) % world
+        for qi, keys, diagonal in block_pairs(ids, src, kv.shape[3], world, is_causal, seq_len):
+            dq_b, dk_b, dv_b = block_backward(q_chunks[qi], kv[0][:, :, keys], kv[1][:, :, keys], out_chunks[qi],
+                                              lse_chunks[qi], dout_chunks[qi], diagonal, scale)
+            dq_chunks[qi].add_(dq_b)
+            dkv[0][:, :, keys] += dk_b
+            dkv[1][:, :, keys] += dv_b
+        # 3. Pass the accumulator on with its shard (the last one goes home: step 4).
+        if pending:
+            _wait(pending + _pass_on(dkv, dkv_next, rank, world, group))
+            kv, kv_next, dkv, dkv_next = kv_next, kv, dkv_next, dkv
+    # 4. After the last step rank r holds rank r+1's accumulator: one hop brings each home.
+    if world > 1:
+        _wait(_pass_on(dkv, dkv_next, rank, world, group))
+        dkv = dkv_next
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    """ring_attention with its backward: the forward saves its shards, out and lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, seq_len, is_causal, scale, block, group):
+        out, lse = _ring_forward(q, k, v, seq_len, is_causal, scale, block, group)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (seq_len, is_causal, scale, block, group)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_attention_backward(q, k, v, out, lse, dout.contiguous(), *ctx.args)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def allgather_attention(q, k, v, seq_len: int, is_causal: bool = False, scale: float | None = None,
