@@ -132,3 +132,32 @@ def test_auto_mode_matches_sdpa_on_gpu(name):
     check_model(CONFIGS[name](), "auto", "cuda", 1e-3)
     # float16 runs the tensor-core kernel: logits within half precision (tokens may flip on near ties)
     check_model(CONFIGS[name](), "auto", "cuda", 2e-2, dtype=torch.float16, generate=False)
+
+
+def test_hf_benchmark_pipeline_on_cpu(tmp_path):
+    """final.hf_benchmark's measurement, results file and table, on a tiny Llama-style model on the
+    CPU (the course backend in its float64 reference mode): both impls, both steps, matching logits."""
+    import json
+    import shutil
+
+    from final import hf_benchmark as hb
+    from utils.manifest import load_manifest
+    from utils.render import render_tables
+    from utils.results import write_results
+
+    tiny = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+    rows = hb.measure(hb.build_models(tiny, "cpu", torch.float32, mode="reference"), prompt=12, steps=3, reps=1,
+                      device="cpu")
+    assert sorted((r["op"], r["impl"]) for r in rows) == [("hf_decode", "course"), ("hf_decode", "sdpa"),
+                                                           ("hf_prefill", "course"), ("hf_prefill", "sdpa")]
+    assert all(r["ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert next(r for r in rows if r["op"] == "hf_prefill" and r["impl"] == "course")["rel_err"] < 1e-5
+    for name in ("manifest.json", "README.md"):
+        shutil.copy(hb.HERE / name, tmp_path / name)
+    write_results(tmp_path / "results" / "hf.json", rows)
+    manifest = load_manifest(tmp_path)
+    render_tables({**manifest, "tables": [t for t in manifest["tables"] if t["name"] == "hf_llama"]})
+    table = (tmp_path / "README.md").read_text().split("<!-- table:hf_llama -->")[1].split("<!--")[0]
+    assert "| **hf_prefill** | course |" in table and "| hf_decode | sdpa |" in table, table
+    assert len(json.loads((tmp_path / "results" / "hf.json").read_text())["rows"]) == 4
