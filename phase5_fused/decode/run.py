@@ -208,8 +208,8 @@ def measure(args) -> Path:
 def profile_target(names: str) -> None:
     """One headline call (B = 16, S = 32K) of our kernel, for an ncu run by hand."""
     q = torch.randn(16, H, SQ, D, device="cuda", dtype=DTYPE)
-    k = torch.randn(16, H_KV, 32768, D, device="cuda", dtype=DTYPE)
-    decode.attention(q, k, k, torch.full((16,), 32768, dtype=torch.int32, device="cuda"))
+    k, v = (torch.randn(16, H_KV, 32768, D, device="cuda", dtype=DTYPE) for _ in range(2))
+    decode.attention(q, k, v, torch.full((16,), 32768, dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
 
 
