@@ -115,6 +115,7 @@ def test_no_two_implementations_share_a_colour():
     distinct = {name: c for name, c in plots.COLORS.items() if name not in plots.MODEL_ALIASES}
     assert len(set(distinct.values())) == len(distinct)
     assert all(plots.COLORS[m] == plots.COLORS[a] for m, a in plots.MODEL_ALIASES.items())
+    assert not set(plots.COLORS.values()) & set(plots.FALLBACK)   # a named impl never yields its colour
 
 
 def test_one_colour_per_implementation():
