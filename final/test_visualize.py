@@ -55,7 +55,8 @@ def test_final_tables_render_from_the_committed_results(tmp_path):
 
 def test_top_level_tables_render(tmp_path):
     text = rendered(REPO_ROOT, tmp_path)
-    for name in ("phase1_share", "attention_fp32", "attention_fp16", "layer_norm", "mlp"):
+    for name in ("phase1_share", "attention_fp32", "attention_fp16", "attention_hopper", "attention_backward",
+                 "layer_norm", "mlp"):
         assert f"<!-- table:{name} -->\n|" in text or f"<!-- table:{name} -->\n_No results yet" in text, name
     assert "results:begin" not in text
 
