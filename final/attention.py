@@ -147,8 +147,9 @@ def _needs_grad(q, k, v) -> bool:
 
 @torch.compiler.assume_constant_result
 def _capability(index: int) -> tuple | None:
-    """The compute capability of CUDA device `index` (None where no GPU is visible: fake tensors)."""
-    return tuple(torch.cuda.get_device_capability(index)) if torch.cuda.is_available() else None
+    """The compute capability of CUDA device `index` (hopper.device_capability, for the compiler a
+    constant)."""
+    return hopper.device_capability(index)
 
 
 def _facts(q, k, v, mask, stride) -> tuple:

@@ -57,12 +57,9 @@ def elapsed_ms(fn, device) -> float:
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    from utils.bench import timed_call
+
+    return timed_call(fn)[1]
 
 
 @torch.no_grad()

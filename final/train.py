@@ -130,6 +130,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, idx: to
 def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
     """Train impl's model on data [steps, B, S + 1]: its losses, time per step after `warmup` steps,
     tokens/s and peak memory beyond the weights."""
+    from utils.bench import timed_call
+
     steps, B, S = data.shape[0], data.shape[1], data.shape[2] - 1
     model = build(impl)
     optimizer = make_optimizer(model)
@@ -137,14 +139,14 @@ def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     losses = torch.empty(steps, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for step in range(steps):
-        if step == warmup:
-            start.record()
+    for step in range(warmup):
         losses[step] = train_step(model, optimizer, data[step])
-    end.record()
-    end.synchronize()
-    ms = start.elapsed_time(end) / (steps - warmup)
+
+    def timed_steps():
+        for step in range(warmup, steps):
+            losses[step] = train_step(model, optimizer, data[step])
+
+    ms = timed_call(timed_steps)[1] / (steps - warmup)
     curve = losses.tolist()
     tail = curve[-min(10, steps):]
     row = {"impl": impl, "op": "train", "B": B, "S": S, "dtype": IMPLS[impl][0], "steps": steps,

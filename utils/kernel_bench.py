@@ -213,12 +213,14 @@ def render_committed(folder: Path) -> int:
 
 
 def lesson_main(argv, folder: Path, description: str, measure: Callable[[argparse.Namespace], Path],
-                profile_target: Callable[[str], None]) -> int:
+                profile_target: Callable[[str], None] | None = None) -> int:
     """Every lesson's `python -m PKG.run`: with --profile-target NAMES, only the calls ncu profiles
-    (profile_target(NAMES)); without a GPU, the committed results rendered; else measure(args)
+    (profile_target(NAMES); a lesson that ncu does not profile passes none); without a GPU, the committed results rendered; else measure(args)
     writes the results file and returns its path, which is rendered unless --quick."""
     args = parse_args(argv, description)
     if args.profile_target:
+        if profile_target is None:
+            raise SystemExit(f"{folder.name}'s run profiles nothing with ncu: it has no --profile-target")
         profile_target(args.profile_target)
         return 0
     if not torch.cuda.is_available():

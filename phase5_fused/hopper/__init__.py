@@ -57,14 +57,15 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple:
-    """A device's compute capability, asked once per device (the driver query costs microseconds)."""
-    return tuple(torch.cuda.get_device_capability(index))
+def device_capability(index: int) -> tuple | None:
+    """A device's compute capability, asked once per device (the driver query costs microseconds);
+    None where no GPU is visible (fake CUDA tensors)."""
+    return tuple(torch.cuda.get_device_capability(index)) if torch.cuda.is_available() else None
 
 
 def check_hopper(device: torch.device) -> None:
     """Raise unless `device` is a Hopper GPU (sm_90): the kernels are compiled for sm_90a only."""
-    capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    capability = device_capability(device.index if device.index is not None else torch.cuda.current_device())
     if capability != HOPPER:
         raise RuntimeError(f"phase5_fused.hopper needs a Hopper GPU (sm_90): {torch.cuda.get_device_name(device)} "
                            f"is sm_{capability[0]}{capability[1]}; use phase5_fused.tensor_cores there")

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from phase5_fused.ring import BLOCKS, allgather_attention, ring_attention, shard
+from utils.bench import timed_call
 from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
@@ -42,12 +43,7 @@ def time_ms(fn) -> float:
     for _ in range(REPS):
         dist.barrier()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(timed_call(fn)[1])
     slowest = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.item()
@@ -112,7 +108,7 @@ def measure(args) -> Path:
 
 
 def main(argv=None) -> int:
-    return lesson_main(argv, HERE, __doc__.split("\n\n")[0], measure, profile_target=lambda names: None)
+    return lesson_main(argv, HERE, __doc__.split("\n\n")[0], measure)
 
 
 if __name__ == "__main__":
