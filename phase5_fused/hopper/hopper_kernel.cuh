@@ -2,7 +2,8 @@
 // steps of FlashAttention's inner loop (S = Q K^T on wgmma, mask, online softmax, O += P V on
 // wgmma) and the epilogue. The versions differ in who issues the TMA copies, how the warps wait
 // for them, and in what order a warpgroup issues and waits for its matmuls (hopper_v1_wgmma_tma.cu,
-// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu).
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu; v2-v4 share
+// hopper_pipeline.cuh).
 //
 // Paper notation (Shah et al., "FlashAttention-3", Algorithm 1): a block of kBM query rows Q_i
 // stays in shared memory; for each block j of kBN keys: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
@@ -34,7 +35,7 @@ static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
 // D / 64 panels of R rows x 128 bytes, each panel 1024-byte aligned.
 //   Q        kBM x D                 (reused for the output tile at the end)
 //   K, V     kStages x (kBN x D) each
-//   barriers full_q, full_k[kStages], full_v[kStages], empty[kStages]
+//   barriers full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages], zeroed_v
 //   scratch  2 floats per consumer thread (v3 stores its row sums there to pin the softmax)
 template <int D, int kStages>
 struct Smem {
@@ -47,7 +48,7 @@ struct Smem {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKVBytes;
   static constexpr int kBarriers = kV + kStages * kKVBytes;
-  static constexpr int kBarrierCount = 1 + 3 * kStages;
+  static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kScratch = kBarriers + ((kBarrierCount * 8 + 15) / 16) * 16;
   // + 1024: the dynamic shared memory is only 16-byte aligned; the kernel rounds its base up.
   static constexpr int kBytes = kScratch + 2 * kConsumers * kWarpgroup * 4 + 1024;
@@ -82,6 +83,32 @@ struct Visibility {
   int kv_len;  // valid keys of this batch
   int causal;
 };
+
+// Which query rows and which K/V a block works on, and how many key blocks it visits.
+struct Block {
+  int m0;         // first query row of the kBM-row tile
+  int bh;         // matrix of q and o: batch * H + head
+  int kv_bh;      // matrix of k and v: batch * H_kv + the head's KV head
+  Visibility vis;
+  int n_blocks;   // key blocks visited: up to the last visible key
+};
+
+__device__ __forceinline__ Block block_of(const Params& p) {
+  Block b;
+  b.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM;  // long causal rows start first
+  b.bh = blockIdx.z * p.H + blockIdx.y;
+  b.kv_bh = blockIdx.z * p.H_kv + blockIdx.y / (p.H / p.H_kv);
+  b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
+  const int kv_end = p.causal ? min(b.vis.kv_len, b.m0 + kBM) : b.vis.kv_len;
+  b.n_blocks = (kv_end + kBN - 1) / kBN;
+  return b;
+}
+
+// True when key block j holds keys past the batch's key_lengths that are still inside Sk: rows
+// that TMA read from memory (anything, even NaN) and that must be zeroed before O += P V_j.
+__device__ __forceinline__ bool holds_padding(const Visibility& vis, int Sk, int j) {
+  return vis.kv_len < Sk && j * kBN + kBN > vis.kv_len;
+}
 
 // S = Q K^T for this warpgroup's 64 rows and the kBN keys of a stage: D / 16 wgmmas (k = 16 each),
 // the first one overwriting S (scale_d = 0), issued but neither committed nor waited for.
