@@ -363,8 +363,9 @@ def test_op_checks_name_the_argument():
     with pytest.raises(RuntimeError, match="D=96"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         ops.attention(x, x, x, False, 0.125, None, False, 2)
-    with pytest.raises(RuntimeError, match="version must be 1, 2 or 3"):
-        ops.attention(q, k, v, False, 0.125, None, False, 4)
+    past_last = len(hopper.VERSIONS) + 1
+    with pytest.raises(RuntimeError, match=f"version must be 1, .*got {past_last}"):
+        ops.attention(q, k, v, False, 0.125, None, False, past_last)
     with pytest.raises(RuntimeError, match="q must be contiguous"):
         ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, False, 0.125, None, False, 2)
     flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
