@@ -26,7 +26,7 @@ struct Params {
   const int* key_lengths;     // [B] clamped to [0, Sk], or nullptr (every key valid)
   int B, H, Sq, Sk;
   int H_kv;                   // K/V heads: query head h reads K/V head h / (H / H_kv)
-  float scale_log2;           // scale * log2(e): scores in log2 units, exp(x) = 2^(x log2 e)
+  float scale_log2;           // c = scale * log2(e) > 0: exp(scale x) = 2^(c x)
   int causal;                 // query i sees keys j <= i (top-left aligned)
 };
 

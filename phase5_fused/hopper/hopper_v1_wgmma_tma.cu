@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
     qk_gemm<T, D>(sc, q_base, smem_addr(sK));
     // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
     const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
-    scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
-    online_softmax<D>(sc, m, l, o);
+    mask_scores(sc, row0, n0, vis, need_mask);
+    online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j: the block that holds the end of the batch's keys gets its padded rows zeroed first.
     mbarrier_wait(&full_v[s], parity);
     if (holds_padding(vis, p.Sk, j))

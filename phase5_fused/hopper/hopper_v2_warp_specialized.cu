@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     mbarrier_wait(&pipe.full_k[s], parity);
     qk_gemm<T, D>(sc, q_base, smem_addr(sK));
     const bool need_mask = n0 + kBN > b.vis.kv_len || (b.vis.causal && n0 + kBN - 1 > wg_row0);
-    scale_and_mask(sc, p.scale_log2, row0, n0, b.vis, need_mask);
-    online_softmax<D>(sc, m, l, o);
+    mask_scores(sc, row0, n0, b.vis, need_mask);
+    online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j (padded rows zeroed by both consumer warpgroups together), O += P V_j.
     mbarrier_wait(&pipe.full_v[s], parity);
     if (holds_padding(b.vis, p.Sk, j)) zero_padded_rows<D>(sV, b.vis.kv_len - n0, tid, kConsumers * kWarpgroup, kZeroBarrier);

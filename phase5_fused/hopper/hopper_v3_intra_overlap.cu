@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     mbarrier_wait(&pipe.full_k[0], 0);
     qk_gemm<T, D>(sc, q_base, stage_k(0));
     release(&pipe.empty_k[0]);
-    scale_and_mask(sc, p.scale_log2, row0, 0, b.vis, need_mask(0));
-    softmax_step(sc, m, l, alpha);
+    mask_scores(sc, row0, 0, b.vis, need_mask(0));
+    softmax_step(sc, p.scale_log2, m, l, alpha);
     pack_p<T>(sc, pa);
   }
 
@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     wgmma_wait<1>();
     fence_operand(sc);
     release(&pipe.empty_k[s]);
-    scale_and_mask(sc, p.scale_log2, row0, n0, b.vis, need_mask(n0));
-    softmax_step(sc, m, l, alpha);
+    mask_scores(sc, row0, n0, b.vis, need_mask(n0));
+    softmax_step(sc, p.scale_log2, m, l, alpha);
     // Pin the softmax before the next wait. The compiler's order is not enough: ptxas schedules the
     // exponentials next to their first use (the rounding of P, after the wait), which serializes
     // the softmax behind the P V again (seen in the SASS). It keeps shared-memory stores on their

@@ -167,10 +167,13 @@ def test_large_magnitude(dtype, magnitude, D, version):
 
 @requires_hopper
 @pytest.mark.parametrize("version", hopper.VERSIONS)
-@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
-def test_explicit_scale(scale, version):
+# The kernels fold c = scale log2 e > 0 into the exponent; a negative scale, zero, and one that is
+# zero in FP32 take the host's other routes (hopper_ops.cpp), causal too (masked scores are -inf).
+@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3, 0.0, 1e-300])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_explicit_scale(scale, is_causal, version):
     q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
-    check(q, k, v, info, version, scale=scale)
+    check(q, k, v, info, version, is_causal=is_causal, scale=scale)
 
 
 @requires_hopper
