@@ -145,7 +145,9 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
         with pytest.raises(ValueError, match="q must be 4-D"):
             resolve_mode("auto", q16[0])
         with pytest.raises(ValueError, match="k must be"):
-            resolve_mode("auto", q16, q16[:, :1], q16)
+            resolve_mode("auto", q16, q16[..., :32], q16[..., :32])
+        with pytest.raises(ValueError, match="k's KV heads"):  # 2 query heads over 3 KV heads
+            resolve_mode("auto", q16, torch.cat([q16, q16[:, :1]], 1), torch.cat([q16, q16[:, :1]], 1))
     with pytest.raises(UnsupportedModeError, match="needs CUDA tensors"):
         resolve_mode("fused_tc", torch.empty(1, 2, 16, 64, dtype=torch.float16))
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
@@ -243,7 +245,9 @@ def test_importing_final_builds_nothing():
 def test_bad_inputs_name_the_argument():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="k must be"):
-        cuda_attention_forward(q, k[:, :2], v, mode="reference")
+        cuda_attention_forward(q, k[..., :8], v[..., :8], mode="reference")
+    with pytest.raises(ValueError, match=r"multiple of k's KV heads H_kv=2 \(k.shape\[1\]\)"):
+        cuda_attention_forward(q, k[:, :2], v[:, :2], mode="reference")
     with pytest.raises(ValueError, match="v must have k's shape"):
         cuda_attention_forward(q, k, v[..., :8], mode="reference")
     with pytest.raises(TypeError, match="share a dtype"):
