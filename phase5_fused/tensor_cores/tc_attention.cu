@@ -1,14 +1,17 @@
 // Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (sm_80+).
 //
-// Versions (one kernel, templated on dtype, head dim and the mask path):
+// Versions (one kernel, templated on dtype, head dim, the mask path and the window):
 //   tc_attention_kernel<T, D, false>  fast path: no user mask. Causal blocks above the diagonal are
 //                                     skipped, and only diagonal / tail / key-padding blocks pay
 //                                     for per-element masking.
 //   tc_attention_kernel<T, D, true>   slower correct path for a boolean or additive user mask:
 //                                     every score looks up course::mask_bias (broadcast strides).
-// Both take grouped-query attention (query head h reads KV head h / (H / H_kv): an index, K and V
-// are never copied) and a sliding window (query i sees keys i - window < j <= i: the loop starts at
-// the block of key q0 - window + 1, so the blocks below a query block's window are never loaded).
+//   tc_attention_kernel<T, D, M, true>  a sliding window (query i sees keys i - window < j <= i): the
+//                                     loop starts at the block of key q0 - window + 1, so the blocks
+//                                     below a query block's window are never loaded. Its own instance:
+//                                     the window's tests cost registers that the plain path keeps.
+// All take grouped-query attention: query head h reads KV head h / (H / H_kv), an index; K and V
+// are never copied per query head.
 // What makes it fast, against the FP32 fused kernel of this phase (see README.md):
 //   - both matmuls on tensor cores: mma.sync.m16n8k16, FP16/BF16 operands, FP32 accumulators;
 //   - fragments loaded by ldmatrix.x4 (.trans for V) from XOR-swizzled tiles: no bank conflicts;
@@ -86,7 +89,7 @@ struct Params {
   const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
   int H, Sq, Sk;
   int H_kv, group;         // KV heads of k and v, and query heads per KV head (group = H / H_kv)
-  int window;              // sliding window with causal masking (< Sq), or 0 for none
+  int window;              // sliding window with causal masking (< Sq; kWindow instances only)
   float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
   course::AttentionMasking masking;
 };
@@ -155,7 +158,7 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) 
          static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * D * 2);
 }
 
-template <typename T, int D, bool kHasMask>
+template <typename T, int D, bool kHasMask, bool kWindow>
 __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16 and cp.async need sm_80; the host refuses older GPUs first
@@ -198,18 +201,19 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
   const int kv_end = causal ? min(kv_len, q0 + kBr) : kv_len;
   const int n_blocks = course::ceil_div(kv_end, kBc);
-  const int window = p.window;
-  const int j_begin = window > 0 && q0 - window + 1 > 0 ? (q0 - window + 1) / kBc : 0;
+  const int window = kWindow ? p.window : 0;
+  const int j_begin = kWindow && q0 - window + 1 > 0 ? (q0 - window + 1) / kBc : 0;
 
-  // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block). Block
-  // j_begin + n goes to ring stage n % kStages.
+  // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block). Block j
+  // goes to ring stage j % kStages.
   load_tile<T, D, kBr>(sQ, Q, q0, p.Sq);
   course::cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (j_begin + s < n_blocks) {
-      load_tile<T, D, kBc>(sK + s * kBc * D, K, (j_begin + s) * kBc, kv_len);
-      load_tile<T, D, kBc>(sV + s * kBc * D, V, (j_begin + s) * kBc, kv_len);
+    const int j = j_begin + s;
+    if (j < n_blocks) {
+      load_tile<T, D, kBc>(sK + (j % kStages) * kBc * D, K, j * kBc, kv_len);
+      load_tile<T, D, kBc>(sV + (j % kStages) * kBc * D, V, j * kBc, kv_len);
     }
     course::cp_async_commit();
   }
@@ -243,25 +247,24 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     // visible and tells us that all warps are done with block j - 1, whose stage is refilled next.
     course::cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int stage = (j - j_begin) % kStages;
     {
       const int jn = j + kStages - 1;
       if (jn < n_blocks) {
-        const int stage_n = (jn - j_begin) % kStages;
-        load_tile<T, D, kBc>(sK + stage_n * kBc * D, K, jn * kBc, kv_len);
-        load_tile<T, D, kBc>(sV + stage_n * kBc * D, V, jn * kBc, kv_len);
+        const int stage = jn % kStages;
+        load_tile<T, D, kBc>(sK + stage * kBc * D, K, jn * kBc, kv_len);
+        load_tile<T, D, kBc>(sV + stage * kBc * D, V, jn * kBc, kv_len);
       }
       course::cp_async_commit();  // an empty group past the end keeps the wait count uniform
     }
     const int kv0 = j * kBc;
-    const uint32_t k_lane = course::smem_u32(sK + stage * kBc * D) + lane_offset;
-    const uint32_t v_lane = course::smem_u32(sV + stage * kBc * D) + lane_offset;
+    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * D) + lane_offset;
+    const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
     // hidden and the warp has nothing to do for this block. Window: likewise when every key lies
     // at or below the warp's first row minus the window.
     if (causal && kv0 > warp_q0 + kWarpRows - 1) continue;
-    if (window > 0 && kv0 + kBc - 1 <= warp_q0 - window) continue;
+    if (kWindow && kv0 + kBc - 1 <= warp_q0 - window) continue;
 
     // S = Q_i K_j^T on tensor cores, k = head dim in steps of 16. A (Q rows 0-15, chunks 2kk and
     // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: the 8x8 matrices of K rows
@@ -296,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     // valid length, the causal diagonal, the window's lower edge, or the user's mask (added as a
     // bias, -inf = hidden).
     const bool need_mask = kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0) ||
-                           (window > 0 && kv0 <= warp_q0 + kWarpRows - 1 - window);
+                           (kWindow && kv0 <= warp_q0 + kWarpRows - 1 - window);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
           if (need_mask) {
             const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-            if (jj >= kv_len || (causal && jj > i) || (window > 0 && jj <= i - window)) {
+            if (jj >= kv_len || (causal && jj > i) || (kWindow && jj <= i - window)) {
               x = -CUDART_INF_F;
             } else if (kHasMask && i < p.Sq) {
               x += course::mask_bias(p.masking, b, h, i, jj) * kLog2e;
@@ -423,10 +426,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 #endif
 }
 
-template <typename T, int D, bool kHasMask>
+template <typename T, int D, bool kHasMask, bool kWindow>
 void launch(const Params& p, int B, cudaStream_t stream) {
   constexpr size_t smem = smem_bytes<D, T>();
-  auto* kernel = tc_attention_kernel<T, D, kHasMask>;
+  auto* kernel = tc_attention_kernel<T, D, kHasMask, kWindow>;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
@@ -448,10 +451,11 @@ void launch(const Params& p, int B, cudaStream_t stream) {
 
 template <typename T, int D>
 void launch_for_mask(const Params& p, int B, cudaStream_t stream) {
-  if (p.masking.mask.kind == course::MaskKind::kNone) {
-    launch<T, D, false>(p, B, stream);
+  const bool mask = p.masking.mask.kind != course::MaskKind::kNone;
+  if (p.window > 0) {
+    mask ? launch<T, D, true, true>(p, B, stream) : launch<T, D, false, true>(p, B, stream);
   } else {
-    launch<T, D, true>(p, B, stream);
+    mask ? launch<T, D, true, false>(p, B, stream) : launch<T, D, false, false>(p, B, stream);
   }
 }
 
