@@ -88,9 +88,9 @@ struct Params {
   float* lse;              // [B, H, Sq] natural-log row logsumexp (the backward's input), or nullptr
   const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
   int H, Sq, Sk;
-  int H_kv, group;         // KV heads of k and v, and query heads per KV head (group = H / H_kv)
-  int window;              // sliding window with causal masking (< Sq; kWindow instances only)
+  int H_kv;          // KV heads of k and v: query head h reads KV head h / (H / H_kv)
   float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
+  int window;        // sliding window with causal masking (< Sq; kWindow instances only)
   course::AttentionMasking masking;
 };
 
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int b = blockIdx.z;
   const int q0 = q_block * kBr;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-  const int64_t bh_kv = static_cast<int64_t>(b) * p.H_kv + h / p.group;  // GQA: this head's KV head
+  const int64_t bh_kv = static_cast<int64_t>(b) * p.H_kv + h / (p.H / p.H_kv);  // GQA: this head's KV head
   const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
   const T* K = static_cast<const T*>(p.k) + bh_kv * p.Sk * D;
   const T* V = static_cast<const T*>(p.v) + bh_kv * p.Sk * D;
@@ -484,7 +484,6 @@ void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.Sq = static_cast<int>(q.size(2));
   p.Sk = static_cast<int>(k.size(2));
   p.H_kv = static_cast<int>(k.size(1));
-  p.group = p.H / p.H_kv;
   p.window = window;
   p.scale_log2 = scale * kLog2e;
   p.masking = masking;
