@@ -1,15 +1,14 @@
 // Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (sm_80+).
 //
 // Versions (one kernel, templated on dtype, head dim, the mask path and the window):
-//   tc_attention_kernel<T, D, false>  fast path: no user mask. Causal blocks above the diagonal are
-//                                     skipped, and only diagonal / tail / key-padding blocks pay
-//                                     for per-element masking.
-//   tc_attention_kernel<T, D, true>   slower correct path for a boolean or additive user mask:
-//                                     every score looks up course::mask_bias (broadcast strides).
-//   tc_attention_kernel<T, D, M, true>  a sliding window (query i sees keys i - window < j <= i): the
-//                                     loop starts at the block of key q0 - window + 1, so the blocks
-//                                     below a query block's window are never loaded. Its own instance:
-//                                     the window's tests cost registers that the plain path keeps.
+//   tc_attention_kernel<T, D, false, W>  fast path: no user mask. Causal blocks above the diagonal
+//                                        are skipped, and only diagonal / tail / key-padding blocks
+//                                        pay for per-element masking.
+//   tc_attention_kernel<T, D, true, W>   slower correct path for a boolean or additive user mask:
+//                                        every score looks up course::mask_bias (broadcast strides).
+//   W = true: a sliding window (query i sees keys i - window < j <= i): the loop starts at the block
+//   of key q0 - window + 1, so the blocks below a query block's window are never loaded. Its own
+//   instance: the window's tests cost registers that the plain path (W = false) keeps.
 // All take grouped-query attention: query head h reads KV head h / (H / H_kv), an index; K and V
 // are never copied per query head.
 // What makes it fast, against the FP32 fused kernel of this phase (see README.md):
