@@ -30,8 +30,8 @@ GPU (compute capability 9.0) only.
 mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
-is picked on an H100 for unmasked FP16/BF16 inference at D=64 or 128, fused_tc for the rest, masks
-and training included). At D=128,
+is picked on an H100 for unmasked FP16/BF16 inference at D=64 or 128, fused_tc for the rest, masks,
+training, grouped-query heads and windows included). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
 kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, D=256,
