@@ -145,7 +145,9 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
         with pytest.raises(ValueError, match="q must be 4-D"):
             resolve_mode("auto", q16[0])
         with pytest.raises(ValueError, match="k must be"):
-            resolve_mode("auto", q16, q16[:, :1], q16)
+            resolve_mode("auto", q16, q16[..., :32], q16[..., :32])
+        with pytest.raises(ValueError, match="k's KV heads"):  # 2 query heads over 3 KV heads
+            resolve_mode("auto", q16, torch.cat([q16, q16[:, :1]], 1), torch.cat([q16, q16[:, :1]], 1))
     with pytest.raises(UnsupportedModeError, match="needs CUDA tensors"):
         resolve_mode("fused_tc", torch.empty(1, 2, 16, 64, dtype=torch.float16))
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
@@ -243,7 +245,9 @@ def test_importing_final_builds_nothing():
 def test_bad_inputs_name_the_argument():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="k must be"):
-        cuda_attention_forward(q, k[:, :2], v, mode="reference")
+        cuda_attention_forward(q, k[..., :8], v[..., :8], mode="reference")
+    with pytest.raises(ValueError, match=r"multiple of k's KV heads H_kv=2 \(k.shape\[1\]\)"):
+        cuda_attention_forward(q, k[:, :2], v[:, :2], mode="reference")
     with pytest.raises(ValueError, match="v must have k's shape"):
         cuda_attention_forward(q, k, v[..., :8], mode="reference")
     with pytest.raises(TypeError, match="share a dtype"):
@@ -436,6 +440,121 @@ def test_every_mode_and_the_model_trace_on_fake_tensors():
         for dt, model in models.items():
             logits = model.to("cuda")(idx)
             assert logits.shape == (2, 37, 256) and logits.dtype == dt
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped-query attention and sliding windows through the API (CPU: reference mode and mode rules)
+
+
+def test_reference_mode_takes_grouped_heads_and_a_window():
+    q = random_qkv(2, 4, 9, 1, 16, device=CPU)[0]
+    k, v = random_qkv(2, 2, 1, 11, 16, device=CPU)[1:]
+    out = cuda_attention_forward(q, k, v, mode="reference", is_causal=True, window=3)
+    assert torch.equal(out, reference.attention(q, k, v, is_causal=True, window=3).float())
+    expanded = cuda_attention_forward(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), mode="reference",
+                                      is_causal=True, window=3)
+    assert torch.equal(out, expanded)
+
+
+def test_gpt2_layout_and_module_take_num_kv_heads_and_window():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 10, 64, generator=g)  # 4 query heads of D = 16
+    kv = torch.randn(2, 10, 32, generator=g)  # 2 KV heads of D = 16
+    out = attention_gpt2(x, kv, kv, 4, mode="reference", is_causal=True, window=4, num_kv_heads=2)
+    ref = reference.attention(split_heads(x, 4), split_heads(kv, 2), split_heads(kv, 2), is_causal=True, window=4)
+    assert torch.equal(out, merge_heads(ref.float()))
+    module = CUDAAttention(mode="reference", is_causal=True, num_heads=4, num_kv_heads=2, window=4)
+    assert torch.equal(module(x, kv, kv), out)
+    assert "window=4" in repr(module) and "num_kv_heads=2" in repr(module)
+
+
+def test_window_and_grouped_heads_errors_name_the_argument():
+    q, k, v = _qkv(H=4)
+    with pytest.raises(ValueError, match="window=3 needs is_causal=True"):
+        cuda_attention_forward(q, k, v, mode="reference", window=3)
+    for window in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="window must be an integer >= 1"):
+            cuda_attention_forward(q, k, v, mode="reference", is_causal=True, window=window)
+    with pytest.raises(ValueError, match="window=2 needs is_causal=True"):
+        CUDAAttention(window=2)
+    with pytest.raises(ValueError, match=r"multiple of k's KV heads H_kv=3"):
+        cuda_attention_forward(q, k[:, :3], v[:, :3], mode="reference")
+    with pytest.raises(ValueError, match="num_kv_heads needs num_heads"):
+        CUDAAttention(num_kv_heads=2)
+
+
+@pytest.mark.parametrize("dtype,D,gqa,window,expected", [
+    (torch.float32, 64, True, None, ["fused", "reference"]),
+    (torch.float32, 64, False, 16, ["fused", "reference"]),
+    (torch.float32, 48, True, None, ["reference"]),  # the unfused phases take no grouped heads
+    (torch.float16, 64, True, 16, ["fused_tc", "reference"]),
+    (torch.bfloat16, 128, True, None, ["fused_tc", "reference"]),
+    (torch.float16, 80, True, None, ["reference"]),
+])
+def test_modes_for_grouped_heads_and_windows(dtype, D, gqa, window, expected):
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 5, D, dtype=dtype, device="cuda")
+        k = torch.empty(2, 2 if gqa else 4, 9, D, dtype=dtype, device="cuda")
+        assert supported_modes(q, k, k, window=window) == expected
+        for mode in MODES:
+            if mode in expected:
+                assert resolve_mode(mode, q, k, k, window=window) == mode
+            else:
+                with pytest.raises(UnsupportedModeError, match=f"Modes that would: {expected}".replace("[", "\\[")
+                                   .replace("]", "\\]")):
+                    resolve_mode(mode, q, k, k, window=window)
+    # The reason names the rule: the unfused phases' float32 modes at D = 64 fail only on it.
+    if dtype == torch.float32 and D == 64:
+        facts = ("cuda", dtype, D, None, False, False, None, gqa, window is not None)
+        reason = A.MODE_INFO["coalesced"].rejects(*facts)
+        assert reason == ("takes no grouped-query k, v (k has fewer heads than q)" if gqa else "takes no window")
+
+
+def test_grouped_heads_or_window_with_grad_leave_the_reference_only(monkeypatch):
+    """The fused modes' backward has no grouped heads or window: with grad, only "reference"."""
+    monkeypatch.setattr(A, "_RESOLVED", {})
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda", requires_grad=True)
+        k = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
+        full = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda")
+        assert supported_modes(q, k, k) == ["reference"]
+        assert supported_modes(q, full, full, window=8) == ["reference"]
+        assert supported_modes(q, full, full) == ["fused_tc", "reference"]
+        with pytest.raises(UnsupportedModeError, match="no backward pass for grouped-query heads or a window"):
+            resolve_mode("fused_tc", q, k, k)
+        with torch.no_grad():
+            assert resolve_mode("auto", q, k, k) == "fused_tc"
+
+
+def test_signature_cache_keys_on_grouped_heads_and_window(monkeypatch):
+    """On an sm_90 GPU auto picks fused_hopper for plain heads; grouped heads or a window (which it
+    does not take) must resolve anew, not hit the plain signature's answer."""
+    monkeypatch.setattr(A, "_RESOLVED", {})
+    monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda")
+        k = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
+        assert resolve_mode("auto", q, q, q) == "fused_hopper"
+        assert resolve_mode("auto", q, k, k) == "fused_tc"
+        assert resolve_mode("auto", q, q, q, window=8) == "fused_tc"
+        assert resolve_mode("auto", q, q, q) == "fused_hopper"
+        with pytest.raises(UnsupportedModeError, match="grouped-query"):
+            resolve_mode("fused_hopper", q, k, k)
+        with pytest.raises(UnsupportedModeError, match="takes no window"):
+            resolve_mode("fused_hopper", q, q, q, window=8)
+
+
+@requires_gpu
+@pytest.mark.parametrize("mode,dtype", [("fused", torch.float32), ("fused_tc", torch.float16),
+                                        ("fused_tc", torch.bfloat16), ("auto", torch.float16)])
+@pytest.mark.parametrize("H_kv,window", [(2, None), (1, 33), (8, 5)])
+def test_fused_modes_take_grouped_heads_and_windows(mode, dtype, H_kv, window):
+    q = random_qkv(2, 8, 130, 1, 64, dtype=dtype)[0]
+    k, v = random_qkv(2, H_kv, 1, 150, 64, dtype=dtype)[1:]
+    out = cuda_attention_forward(q, k, v, mode=mode, is_causal=True, window=window)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close(out, reference.attention(q, k, v, is_causal=True, window=window), dtype=dtype,
+                 what=f"{mode} H_kv={H_kv} window={window}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: 
     elem = q.element_size()
     ms = time_cuda(lambda: fn(q, k, v, causal), **timing)
     flops = roofline.attention_flops(B, H, Sq, Sk, D, causal, stride)
-    nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, elem)
+    nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, elem, H_kv=k.shape[1])
     row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": Sq, "Sk": Sk, "D": D,
            "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
            "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms),

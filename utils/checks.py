@@ -6,6 +6,9 @@ The C++ ops check again (TORCH_CHECK); checking here first gives the user a Pyth
     check_attention_shapes   what every attention takes, on any device (final.attention's reference
                              mode uses it alone)
     check_attention_inputs   that, plus CUDA, the kernel's dtypes and head dims, and key_lengths
+    check_kv_heads           grouped-query attention: H query heads over H_kv KV heads (H % H_kv == 0)
+    check_window             a sliding window: an integer >= 1 (or None), only with is_causal
+    grouped_or_window        which of the two a call uses, in words, for the errors of kernels without them
 """
 
 from __future__ import annotations
@@ -44,10 +47,41 @@ def dim_in(D, dims) -> bool:
     return any(D == d for d in dims)
 
 
-def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, scale=None):
+def check_kv_heads(H, H_kv, name: str = "k") -> int:
+    """Grouped-query attention (GQA; MQA when H_kv = 1): H query heads share H_kv KV heads, query
+    head h reads KV head h // (H // H_kv). H must be a multiple of H_kv. Returns the group size
+    H // H_kv; ValueError naming `name` (the tensor whose dimension 1 holds H_kv) otherwise."""
+    if H_kv < 1 or H % H_kv != 0:
+        raise ValueError(f"q's heads H={H} must be a multiple of {name}'s KV heads H_kv={H_kv} "
+                         f"({name}.shape[1])")
+    return H // H_kv
+
+
+def check_window(window, is_causal) -> None:
+    """A sliding window: query i sees keys j with i - window < j <= i, so it is used with causal
+    masking (top-left aligned). None = unlimited; otherwise an integer >= 1."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1 or None, got {window!r}")
+    if is_causal is not True:
+        raise ValueError(f"window={window} needs is_causal=True (query i sees keys i - window < j <= i)")
+
+
+def grouped_or_window(H, H_kv, window) -> str | None:
+    """What of grouped-query attention and a sliding window these arguments use, in words (for the
+    errors of kernels or backward passes that take neither), or None when they use neither."""
+    used = ([f"grouped-query k, v (H_kv={H_kv} KV heads for H={H} query heads)"] if H_kv != H else []) + \
+           ([f"window={window}"] if window is not None else [])
+    return " and ".join(used) or None
+
+
+def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, scale=None, grouped=False,
+                           window=None):
     """q [B,H,Sq,D], k/v [B,H,Sk,D] of one floating dtype on one device, a mask broadcastable to
     [B,H,Sq,Sk], stride >= 1, is_causal a bool, scale finite or None. Any device (CPU and fake
-    tensors too). Returns the mask (bool, or float as float32) and (B, H, Sq, Sk, D)."""
+    tensors too). grouped=True: k/v may have H_kv heads with H % H_kv == 0 (check_kv_heads);
+    window: check_window. Returns the mask (bool, or float as float32) and (B, H, Sq, Sk, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(x, name, dim=4)
         if not x.dtype.is_floating_point:
@@ -62,8 +96,10 @@ def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, sca
     B, H, Sq, D = q.shape
     k_shape = k.shape
     Bk, Hk, Sk, Dk = k_shape
-    if Bk != B or Hk != H or Dk != D:
+    if Bk != B or Dk != D or (Hk != H and not grouped):
         raise ValueError(f"k must be [B={B}, H={H}, Sk, D={D}] to match q, got {tuple(k.shape)}")
+    if grouped:
+        check_kv_heads(H, Hk)
     if v.shape != k_shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if min(B, H, Sq, Sk, D) == 0:
@@ -77,14 +113,16 @@ def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, sca
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                               or not math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    check_window(window, is_causal)
     return mask, (B, H, Sq, Sk, D)
 
 
 def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float32,),
-                           supported_d=None, key_lengths=None, is_causal=False, scale=None):
+                           supported_d=None, key_lengths=None, is_causal=False, scale=None, grouped=False,
+                           window=None):
     """check_attention_shapes, then: q, k, v CUDA tensors of one of `dtypes`, supported_d(D), and
     key_lengths [B] int32/int64 on the GPU. Returns contiguous q, k, v, the mask and (B,H,Sq,Sk,D)."""
-    mask, (B, H, Sq, Sk, D) = check_attention_shapes(q, k, v, mask, stride, is_causal, scale)
+    mask, (B, H, Sq, Sk, D) = check_attention_shapes(q, k, v, mask, stride, is_causal, scale, grouped, window)
     # k and v share q's device and dtype (checked above): q's check speaks for all three
     check_cuda_tensor(q, "q", dtypes)
     if supported_d is not None and not supported_d(D):

@@ -14,7 +14,7 @@ from utils.build import REPO_ROOT
 
 # The fields that say which problem a row measured: a peer row must agree on every one the row has.
 SHAPE_KEYS = ("op", "B", "H", "S", "Sq", "Sk", "D", "dtype", "causal", "stride", "rows", "hidden",
-              "tokens", "inner", "batch", "seq", "M", "N", "K")
+              "tokens", "inner", "batch", "seq", "M", "N", "K", "H_kv", "window")
 
 
 def manifests() -> list[Path]:

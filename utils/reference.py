@@ -1,9 +1,12 @@
 """Float64 references every kernel of the course is checked against.
 
 Attention semantics (the same for every kernel of every phase):
-- q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, D]; scale defaults to 1 / sqrt(D).
+- q [B, H, Sq, D], k [B, H_kv, Sk, D], v [B, H_kv, Sk, D]; scale defaults to 1 / sqrt(D).
+- Grouped-query attention (GQA, MQA when H_kv = 1): H must be a multiple of H_kv, and query head h
+  reads KV head h // (H // H_kv). H_kv = H is ordinary multi-head attention.
 - mask: boolean (True = attend) or additive float, broadcastable to [B, H, Sq, Sk].
 - is_causal: query i attends keys j <= i (torch SDPA's top-left alignment, also when Sq != Sk).
+- window (with is_causal only): a sliding window, query i attends keys j with i - window < j <= i.
 - stride: strided sparse attention, query i attends keys j with j % stride == 0 (combinable with
   causal and masks).
 - key_lengths: per-batch number of valid keys [B]; keys j >= key_lengths[b] are padding.
@@ -19,6 +22,8 @@ import math
 
 import torch
 
+from utils.checks import check_kv_heads, check_window
+
 
 def attention_bias(
     B: int, H: int, Sq: int, Sk: int,
@@ -27,8 +32,10 @@ def attention_bias(
     stride: int | None = None,
     key_lengths: torch.Tensor | None = None,
     device=None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The float64 additive bias [B, H, Sq, Sk] (0 / -inf / user values) that every rule adds up to."""
+    check_window(window, is_causal)
     bias = torch.zeros(B, H, Sq, Sk, dtype=torch.float64, device=device)
     i = torch.arange(Sq, device=device).view(Sq, 1)
     j = torch.arange(Sk, device=device).view(1, Sk)
@@ -39,6 +46,8 @@ def attention_bias(
         if stride < 1:
             raise ValueError(f"stride must be >= 1, got {stride}")
         hidden |= (j % stride) != 0
+    if window is not None:
+        hidden |= j <= i - window
     bias = bias.masked_fill(hidden, -math.inf)
     if key_lengths is not None:
         padding = j.view(1, Sk) >= key_lengths.to(device).view(B, 1)  # [B, Sk]
@@ -67,20 +76,29 @@ def attention(
     stride: int | None = None,
     key_lengths: torch.Tensor | None = None,
     return_lse: bool = False,
+    window: int | None = None,
 ):
     """softmax(scale * q k^T + bias) v in float64; fully masked rows give zeros.
 
+    k and v may have H_kv heads (H % H_kv == 0, grouped-query attention): they are expanded to H
+    heads here, in the reference only (repeat_interleave; the kernels index KV head h // (H // H_kv)).
     Returns the output in float64 (and the row logsumexp [B, H, Sq] if return_lse). Float64 inputs
-    that require grad stay in the autograd graph (attention_grads).
+    that require grad stay in the autograd graph (attention_grads: the gradient of a shared KV head
+    sums over its query heads).
     """
     q64, k64, v64 = (_f64(t) for t in (q, k, v))
     B, H, Sq, D = q64.shape
-    Sk = k64.shape[2]
-    if k64.shape != (B, H, Sk, D) or v64.shape != (B, H, Sk, D):
-        raise ValueError(f"k and v must be [B, H, Sk, D] matching q {tuple(q.shape)}")
+    H_kv, Sk = k64.shape[1], k64.shape[2]
+    if k64.shape != (B, H_kv, Sk, D) or v64.shape != (B, H_kv, Sk, D):
+        raise ValueError(f"k and v must be [B, H_kv, Sk, D] matching q {tuple(q.shape)}, "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    group = check_kv_heads(H, H_kv)
+    if group > 1:
+        k64 = k64.repeat_interleave(group, dim=1)
+        v64 = v64.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     scores = scale * (q64 @ k64.transpose(-1, -2))
-    scores = scores + attention_bias(B, H, Sq, Sk, mask, is_causal, stride, key_lengths, q64.device)
+    scores = scores + attention_bias(B, H, Sq, Sk, mask, is_causal, stride, key_lengths, q64.device, window)
     row_max = scores.amax(dim=-1, keepdim=True)
     fully_masked = torch.isneginf(row_max)
     row_max = torch.where(fully_masked, torch.zeros_like(row_max), row_max)
@@ -101,12 +119,14 @@ def attention_grads(
     scale: float | None = None,
     stride: int | None = None,
     key_lengths: torch.Tensor | None = None,
+    window: int | None = None,
 ):
     """(dq, dk, dv) in float64: autograd through attention() (fully masked rows, whose output is
-    zero, get zero gradients) with output gradient dout. The mask gets no gradient."""
+    zero, get zero gradients) with output gradient dout. The mask gets no gradient. With grouped
+    k, v ([B, H_kv, Sk, D]) dk and dv have k's shape: each sums over the query heads sharing it."""
     q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
     with torch.enable_grad():
-        out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths)
+        out = attention(q64, k64, v64, mask, is_causal, scale, stride, key_lengths, window=window)
         return torch.autograd.grad(out, (q64, k64, v64), dout.detach().to(torch.float64))
 
 
@@ -145,11 +165,6 @@ def decode_attention(
     # (NaN in a free page, say) cannot reach the masked scores.
     cached = torch.arange(k.shape[2], device=q.device).view(1, 1, -1, 1) < lengths.view(B, 1, 1, 1)
     k, v = k.masked_fill(~cached, 0.0), v.masked_fill(~cached, 0.0)
-    H_kv = k.shape[1]
-    if H % H_kv != 0:
-        raise ValueError(f"q's heads H={H} must be a multiple of the cache's KV heads H_kv={H_kv}")
-    k = k.repeat_interleave(H // H_kv, dim=1)
-    v = v.repeat_interleave(H // H_kv, dim=1)
     Sk = k.shape[2]
     i = torch.arange(Sq, device=q.device).view(1, Sq, 1)
     j = torch.arange(Sk, device=q.device).view(1, 1, Sk)

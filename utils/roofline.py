@@ -9,8 +9,9 @@ Ceilings are measured once per GPU and cached in utils/results/ceilings.json (ke
   and in float16 / bfloat16 (tensor cores).
 
 Models (minimum work: each input read once, each output written once):
-- attention FLOPs = 4 * B * H * Sq * Sk * D (two matmuls of 2*Sq*Sk*D each), halved for causal;
-  bytes = (q + k + v + out) elements * element size.
+- attention FLOPs = 4 * B * H * Sq * Sk * D (two matmuls of 2*Sq*Sk*D each), halved for causal,
+  and for a sliding window only the visible (i, j) pairs count; bytes = (q + k + v + out) elements
+  * element size, k and v with H_kv heads under grouped-query attention.
 """
 
 from __future__ import annotations
@@ -26,12 +27,21 @@ CEILINGS_PATH = Path(__file__).resolve().parent / "results" / "ceilings.json"
 # FLOP and byte models
 
 
-def attention_flops(B, H, Sq, Sk, D, causal=False, stride=1) -> float:
-    """QK^T and PV: 2 * (2 * Sq * Sk * D) per head; causal keeps about half, stride 1/stride."""
+def attention_flops(B, H, Sq, Sk, D, causal=False, stride=1, window=None) -> float:
+    """QK^T and PV: 2 * (2 * Sq * Sk * D) per head; causal keeps about half, stride 1/stride, a
+    sliding window (with causal) the pairs i - window < j <= i."""
     flops = 4.0 * B * H * Sq * Sk * D
-    if causal:
+    if window is not None:
+        flops *= _window_fraction(Sq, Sk, window)
+    elif causal:
         flops *= _causal_fraction(Sq, Sk)
     return flops / stride
+
+
+def _window_fraction(Sq, Sk, window) -> float:
+    """Fraction of the Sq x Sk score matrix with i - window < j <= i (top-left aligned)."""
+    visible = sum(max(0, min(i + 1, Sk) - max(0, i - window + 1)) for i in range(Sq))
+    return visible / (Sq * Sk)
 
 
 def _causal_fraction(Sq, Sk) -> float:
@@ -44,9 +54,10 @@ def _causal_fraction(Sq, Sk) -> float:
     return visible / (Sq * Sk)
 
 
-def attention_bytes(B, H, Sq, Sk, D, elem_bytes=4) -> float:
-    """Fused minimum: read q, k, v once, write out once."""
-    return float(elem_bytes) * B * H * (2 * Sq * D + 2 * Sk * D)
+def attention_bytes(B, H, Sq, Sk, D, elem_bytes=4, H_kv=None) -> float:
+    """Fused minimum: read q, k, v once, write out once (k and v with H_kv heads, default H)."""
+    H_kv = H if H_kv is None else H_kv
+    return float(elem_bytes) * B * (2 * H * Sq * D + 2 * H_kv * Sk * D)
 
 
 def unfused_attention_bytes(B, H, Sq, Sk, D, elem_bytes=4) -> float:

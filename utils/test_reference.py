@@ -84,6 +84,68 @@ def test_stride_below_one_is_rejected():
         reference.attention(q, k, v, stride=0)
 
 
+@pytest.mark.parametrize("H_kv", [1, 2, 6])
+def test_grouped_kv_heads_match_sdpa_and_the_expanded_heads(H_kv):
+    """k, v with H_kv heads: query head h reads KV head h // (H // H_kv)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 9, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, H_kv, 13, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, H_kv, 13, 8, generator=g, dtype=torch.float64)
+    out = reference.attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                               rtol=1e-12, atol=1e-12)
+    for h in range(6):
+        kv = h // (6 // H_kv)
+        torch.testing.assert_close(out[:, h], reference.attention(q[:, h:h + 1], k[:, kv:kv + 1], v[:, kv:kv + 1],
+                                                                  is_causal=True)[:, 0], rtol=0, atol=0)
+
+
+def test_grouped_kv_heads_must_divide_the_query_heads():
+    q, k, v = qkv(1, 4, 3, 3, 8)
+    with pytest.raises(ValueError, match=r"H=4 must be a multiple of k's KV heads H_kv=3 \(k.shape\[1\]\)"):
+        reference.attention(q, k[:, :3], v[:, :3])
+    with pytest.raises(ValueError, match="k and v must be"):
+        reference.attention(q, k[:, :2], v)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5, 40])
+@pytest.mark.parametrize("Sq,Sk", [(20, 20), (7, 30), (30, 7)])
+def test_window_equals_explicit_mask(window, Sq, Sk):
+    """window w (with causal): query i sees keys i - w < j <= i, top-left aligned like causal."""
+    q, k, v = qkv(1, 2, Sq, Sk, 8)
+    i, j = torch.arange(Sq).view(-1, 1), torch.arange(Sk).view(1, -1)
+    keep = (j <= i) & (j > i - window)
+    out, lse = reference.attention(q, k, v, is_causal=True, window=window, return_lse=True)
+    ref, ref_lse = reference.attention(q, k, v, mask=keep, return_lse=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+
+
+def test_window_is_checked():
+    q, k, v = qkv(1, 1, 4, 4, 8)
+    with pytest.raises(ValueError, match="window=3 needs is_causal=True"):
+        reference.attention(q, k, v, window=3)
+    for window in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="window must be an integer >= 1"):
+            reference.attention(q, k, v, is_causal=True, window=window)
+
+
+def test_attention_grads_of_grouped_heads_sum_over_the_group():
+    """dk, dv of a shared KV head: the sum of the expanded heads' gradients (and dq the same)."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 4, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 7, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 7, 8, generator=g, dtype=torch.float64)
+    dout = torch.randn(1, 4, 5, 8, generator=g, dtype=torch.float64)
+    dq, dk, dv = reference.attention_grads(q, k, v, dout, is_causal=True, window=3)
+    eq, ek, ev = reference.attention_grads(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), dout,
+                                           is_causal=True, window=3)
+    assert dk.shape == k.shape and dv.shape == v.shape
+    torch.testing.assert_close(dq, eq)
+    torch.testing.assert_close(dk, ek.view(1, 2, 2, 7, 8).sum(2))
+    torch.testing.assert_close(dv, ev.view(1, 2, 2, 7, 8).sum(2))
+
+
 def test_softmax_of_masked_row_is_zero():
     s = torch.tensor([[1.0, 2.0], [float("-inf"), float("-inf")]])
     p = reference.softmax(s)

@@ -55,11 +55,13 @@ def randn(*shape, dtype=torch.float32, device="cuda", scale: float = 1.0, seed: 
     return x.to(dtype=dtype, device=device)
 
 
-def random_qkv(B, H, Sq, Sk, D, dtype=torch.float32, device="cuda", scale: float = 1.0):
+def random_qkv(B, H, Sq, Sk, D, dtype=torch.float32, device="cuda", scale: float = 1.0, H_kv: int | None = None):
+    """q [B, H, Sq, D], k and v [B, H_kv, Sk, D] (H_kv defaults to H; fewer: grouped-query attention)."""
     seed = new_seed()
+    H_kv = H if H_kv is None else H_kv
     q = randn(B, H, Sq, D, dtype=dtype, device=device, scale=scale, seed=seed)
-    k = randn(B, H, Sk, D, dtype=dtype, device=device, scale=scale, seed=seed + 1)
-    v = randn(B, H, Sk, D, dtype=dtype, device=device, scale=scale, seed=seed + 2)
+    k = randn(B, H_kv, Sk, D, dtype=dtype, device=device, scale=scale, seed=seed + 1)
+    v = randn(B, H_kv, Sk, D, dtype=dtype, device=device, scale=scale, seed=seed + 2)
     return q, k, v
 
 

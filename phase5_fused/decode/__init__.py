@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_tensor, dim_in
+from utils.checks import check_kv_heads, check_tensor, dim_in
 
 NAME = "phase5_fused_decode"
 SOURCES = ["decode_split.cu", "decode_split_tc.cu", "decode_merge.cu", "decode_ops.cpp"]
@@ -132,8 +132,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, sca
     _, H_kv, S, Dk = k_cache.shape
     if Dk != D:
         raise ValueError(f"k_cache must have q's head dim D={D} in its last dimension, got {tuple(k_cache.shape)}")
-    if H_kv == 0 or H % H_kv != 0:
-        raise ValueError(f"q's heads H={H} must be a multiple of k_cache's KV heads H_kv={H_kv} (k_cache.shape[1])")
+    check_kv_heads(H, H_kv, "k_cache")
     if page_table is None:
         if k_cache.shape[0] != B:
             raise ValueError(f"k_cache must be [B={B}, H_kv, S_max, D] (or paged, with page_table), "

@@ -1,7 +1,7 @@
 """Phase 5, FP32: fused FlashAttention-style attention (online softmax, no S x S buffer).
 
 attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
-          return_lse=False, kernel="fast", variant=0)
+          return_lse=False, kernel="fast", variant=0, window=None)
     softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors,
     D in SUPPORTED_D. `kernel` picks one of the five versions of the lesson (KERNELS, in order,
     each one idea further; README "Versions"): "teaching" runs fused_teaching.cu (Algorithm 1 in
@@ -11,10 +11,16 @@ attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_leng
     Semantics are utils.reference's: bool mask True = attend or additive float mask broadcastable
     to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0), key_lengths [B]
     (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
+    The fast kernel also takes grouped-query attention, k and v [B, H_kv, Sk, D] with H % H_kv == 0
+    (query head h reads KV head h // (H // H_kv); nothing is copied), and a sliding window with
+    is_causal: window=w lets query i see keys i - w < j <= i; key tiles below a query block's window
+    are never loaded. Both combine with masks, stride and key_lengths. The other versions take
+    neither (ValueError).
     Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
     Differentiable in q, k, v (not in the mask): the backward is phase5_fused.backward's FP32
     kernel (FlashAttention-2, Algorithm 2); when an input requires grad the forward also writes lse,
-    the one statistic the backward needs.
+    the one statistic the backward needs. The backward has no grouped heads and no window: inputs
+    that require grad with H_kv != H or a window are refused (ValueError); run under torch.no_grad().
 
 Nothing is built at import; the extension is compiled on the first call (or load()).
 The FP16/BF16 tensor-core kernel is the next lesson: phase5_fused.tensor_cores.
@@ -27,7 +33,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, dim_in
+from utils.checks import check_attention_inputs, dim_in, grouped_or_window
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
 DTYPES = (torch.float32,)
@@ -67,16 +73,20 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
-              return_lse=False, kernel="fast", variant=0):
+              return_lse=False, kernel="fast", variant=0, window=None):
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
-    configuration for this D (0 = default; run.py compares them)."""
+    configuration for this D (0 = default; run.py compares them). k, v may have H_kv heads and
+    `window` (with is_causal) limits each query to its last `window` keys: fast kernel only."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel != "fast" and variant != 0:
         raise ValueError(f"variant applies to the fast kernel only (kernel={kernel!r}, variant={variant!r})")
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D),
-        key_lengths=key_lengths, is_causal=is_causal, scale=scale)
+        key_lengths=key_lengths, is_causal=is_causal, scale=scale, grouped=True, window=window)
+    extended = grouped_or_window(H, k.shape[1], window)
+    if kernel != "fast" and extended:
+        raise ValueError(f"{extended}: the fast kernel only, not kernel={kernel!r}")
     # (FAST_VARIANTS[D] is looked up only for a variant > 0: D may be symbolic under torch.compile)
     if not isinstance(variant, int) or variant < 0 or (variant > 0 and variant >= FAST_VARIANTS[D]):
         raise ValueError(f"variant must be in [0, {FAST_VARIANTS[D]}) for D={D}, got {variant!r}")
@@ -85,8 +95,11 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     ops = load()
     # The backward needs the logsumexp: ask for it when autograd will want a gradient.
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and extended:
+        raise ValueError(f"{extended}: the backward kernels take neither grouped heads nor a window, and an "
+                         "input requires grad; run under torch.no_grad()")
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
             1 if stride is None else stride, key_lengths, bool(return_lse) or needs_grad)
     op = getattr(ops, f"attention_{kernel}")
-    out, lse = op(*args, variant) if kernel == "fast" else op(*args)
+    out, lse = op(*args, variant, 0 if window is None else window) if kernel == "fast" else op(*args)
     return (out, lse) if return_lse else out

@@ -15,12 +15,17 @@ constexpr int kSupportedD[] = {32, 64, 80, 96, 128};
 
 struct FusedParams {
   const float* q;            // [B, H, Sq, D], contiguous, 16-byte aligned
-  const float* k;            // [B, H, Sk, D]
-  const float* v;            // [B, H, Sk, D]
+  const float* k;            // [B, H_kv, Sk, D]
+  const float* v;            // [B, H_kv, Sk, D]
   float* o;                  // [B, H, Sq, D]
   float* lse;                // [B, H, Sq] natural-log logsumexp, or nullptr when not requested
   const int* key_lengths;    // [B] valid keys per batch (already clamped to [0, Sk]), or nullptr
   int64_t B, H, Sq, Sk;
+  // Grouped-query attention (fast kernel only; H_kv = H for the others): query head h reads KV
+  // head h / (H / H_kv).
+  int64_t H_kv;
+  // Sliding window (fast kernel only, with causal; 0 = none): query i sees keys i - window < j <= i.
+  int64_t window;
   float scale;               // softmax scale (1/sqrt(D) by default)
   course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
 };

@@ -16,11 +16,15 @@
 //   5. The row sum l stays a per-thread partial (each of the 16 threads of a row sums its own
 //      columns): the 16 partials are added once, after the last tile, not once per tile.
 //   6. Tiles are skipped, not masked: for causal, key tiles above the block's diagonal are never
-//      loaded; for key_lengths, tiles past the batch's length neither. Tiles that need no masking at
-//      all (the bulk) take a branch without any per-score test.
+//      loaded; for key_lengths, tiles past the batch's length neither; for a sliding window, tiles
+//      below the window of the block's first row neither (the loop starts at the tile of key
+//      i0 - window + 1). Tiles that need no masking at all (the bulk) take a branch without any
+//      per-score test.
 //   7. Strided attention gathers: tile slot t holds key row j = t * stride, so only the keys a query
 //      may see are loaded and multiplied: the work falls as 1/stride.
 //   8. The heaviest query blocks (the last rows, under causal masking) are scheduled first.
+//   9. Grouped-query attention is index arithmetic: query head h reads KV head h / (H / H_kv), so
+//      the H / H_kv query heads of a group read the same K and V rows (from L2 after the first).
 //
 // Tile configurations (template instances), per D; variant 0 is the default:
 //   D=32:  Br=64, Bc=64             D=80: Br=64, Bc=64           D=96: Br=64, Bc=64
@@ -51,6 +55,7 @@ template <typename Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(FusedParams p) {
   constexpr int D = Cfg::D, Br = Cfg::Br, Bc = Cfg::Bc, TM = Cfg::TM, TN = Cfg::TN;
   constexpr int VW = Cfg::VW, OC = Cfg::OC, LDQ = Cfg::LDQ;
+  constexpr bool kWindow = Cfg::kWindow;  // a sliding window (its own instance: see FastConfig)
 
   extern __shared__ float4 smem_f4[];
   float* Qs = reinterpret_cast<float*>(smem_f4);  // [Br][LDQ]  Q_i
@@ -68,10 +73,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
   const int64_t qblock = n_qblocks - 1 - static_cast<int64_t>(blockIdx.x) / BH;
   const int64_t b = bh / p.H, h = bh % p.H;
   const int64_t i0 = qblock * Br;
+  const int64_t bh_kv = b * p.H_kv + h / (p.H / p.H_kv);  // GQA: this query head's KV head
 
   const float* q_head = p.q + bh * p.Sq * D;
-  const float* k_head = p.k + bh * p.Sk * D;
-  const float* v_head = p.v + bh * p.Sk * D;
+  const float* k_head = p.k + bh_kv * p.Sk * D;
+  const float* v_head = p.v + bh_kv * p.Sk * D;
 
   // The keys this block can see: j < kv_limit (padding), j <= last row (causal), j % stride == 0.
   const int64_t kv_limit =
@@ -81,6 +87,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
   const int64_t stride = p.masking.stride;
   const int64_t n_slots = course::ceil_div<int64_t>(kv_end, stride);  // key slots t: j = t*stride
   const int64_t n_tiles = course::ceil_div<int64_t>(n_slots, Bc);
+  // Sliding window: the first row i0 sees no key below i0 - window + 1 (and later rows fewer), so
+  // the loop starts at the tile of the first slot t with t * stride >= i0 - window + 1.
+  const int64_t window = kWindow ? p.window : 0;
+  const int64_t key_first = kWindow && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
+  const int64_t tile_begin = course::ceil_div<int64_t>(key_first, stride) / Bc;
 
   // The user's mask only: causal, stride and padding are decided here from the slot's key index.
   course::AttentionMasking user_mask = p.masking;
@@ -100,14 +111,14 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
     for (int c = 0; c < OC * VW; ++c) o[i][c] = 0.0f;
   }
 
-  if (n_tiles > 0) {
-    // Prologue: Q_i and K_0 in one group.
+  if (tile_begin < n_tiles) {
+    // Prologue: Q_i and the first K_j in one group.
     load_rows_async<D, Br, LDQ>(Qs, q_head, i0, 1, p.Sq);
-    load_rows_async<D, Bc, LDQ>(Ks, k_head, 0, stride, kv_end);
+    load_rows_async<D, Bc, LDQ>(Ks, k_head, tile_begin * Bc, stride, kv_end);
     course::cp_async_commit();
   }
 
-  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+  for (int64_t tile = tile_begin; tile < n_tiles; ++tile) {
     const int64_t t0 = tile * Bc;  // first key slot of this tile
 
     // Step 1: K_j (and Q_i) landed; every thread has finished P_{j-1} V_{j-1}, so V and P are free.
@@ -123,10 +134,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
     qk_tile<Cfg>(s, kf, Qs, Ks, tx, ty);
 
     // Step 4: scale into log2 units, and mask where this tile needs it. A tile needs no test when
-    // there is no user mask, all its keys are before kv_limit, and (causal) all are <= the
-    // block's first row.
+    // there is no user mask, all its keys are before kv_limit, (causal) all are <= the block's
+    // first row, and (window) all are inside the last row's window.
     const int64_t last_key = (t0 + Bc - 1) * stride;
-    const bool needs_check = has_mask || last_key >= kv_limit || (p.masking.causal && last_key > i0);
+    const bool needs_check = has_mask || last_key >= kv_limit || (p.masking.causal && last_key > i0) ||
+                             (kWindow && t0 * stride <= i_last - window);
     if (!needs_check) {
 #pragma unroll
       for (int i = 0; i < TM; ++i)
@@ -140,7 +152,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
         for (int n = 0; n < TN; ++n) {
           const int64_t key = (t0 + tx + kTX * n) * stride;
           float x = -CUDART_INF_F;
-          if (row < p.Sq && key < kv_limit && !(p.masking.causal && key > row)) {
+          if (row < p.Sq && key < kv_limit && !(p.masking.causal && key > row) &&
+              !(kWindow && key <= row - window)) {
             const float bias = has_mask ? course::mask_bias(user_mask, b, h, row, key) : 0.0f;
             x = fmaf(s[i][n], scale_log2, bias * kLog2e);
           }
@@ -217,14 +230,27 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_fast_kernel(F
 }
 
 // A TileConfig under this file's own name, so the kernels keep the names that the committed ncu
-// tables record (fused_fast_kernel<FastConfig<...>>).
+// tables record (fused_fast_kernel<FastConfig<...>>). A sliding window takes its own instance
+// (FastWindowConfig): its tests cost the plain kernel registers (Br=128 at D=64 spilled 16 bytes
+// more, ptxas, CUDA 13.0).
 template <int D, int BR, int BC, int MIN_BLOCKS>
-struct FastConfig : TileConfig<D, BR, BC, MIN_BLOCKS> {};
+struct FastConfig : TileConfig<D, BR, BC, MIN_BLOCKS> {
+  static constexpr bool kWindow = false;
+};
+template <int D, int BR, int BC, int MIN_BLOCKS>
+struct FastWindowConfig : TileConfig<D, BR, BC, MIN_BLOCKS> {
+  static constexpr bool kWindow = true;
+};
 
 template <int D, int BR, int BC, int MIN_BLOCKS>
 void launch_config(const FusedParams& p, cudaStream_t stream) {
-  using Cfg = FastConfig<D, BR, BC, MIN_BLOCKS>;
-  launch_tiles<Cfg>(fused_fast_kernel<Cfg>, p, stream);
+  if (p.window > 0) {
+    using Cfg = FastWindowConfig<D, BR, BC, MIN_BLOCKS>;
+    launch_tiles<Cfg>(fused_fast_kernel<Cfg>, p, stream);
+  } else {
+    using Cfg = FastConfig<D, BR, BC, MIN_BLOCKS>;
+    launch_tiles<Cfg>(fused_fast_kernel<Cfg>, p, stream);
+  }
 }
 
 }  // namespace

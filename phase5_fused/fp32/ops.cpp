@@ -2,7 +2,8 @@
 // fused kernel on the current CUDA stream.
 //   phase5_fused::attention_teaching(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse)
 //   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...): the same arguments
-//   phase5_fused::attention_fast(..., variant)
+//   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
+//       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none)
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -31,10 +32,13 @@ struct Prepared {
   int D;
 };
 
+// grouped_window: the fast kernel, which takes k, v with H_kv heads and a window (0 = none); the
+// other versions are called with false and 0.
 Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
-                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
-  const course::AttentionShape s = course::check_qkv(q, k, v, at::kFloat);
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
+                 bool grouped_window = false, int64_t window = 0) {
+  const course::AttentionShape s = course::check_qkv(q, k, v, at::kFloat, grouped_window);
   TORCH_CHECK(supported_d(s.D), "q: head dim D=", s.D, " is not supported (32, 64, 80, 96, 128)");
   const at::Tensor* tensors[] = {&q, &k, &v};
   const char* names[] = {"q", "k", "v"};
@@ -57,6 +61,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   p.H = s.H;
   p.Sq = s.Sq;
   p.Sk = s.Sk;
+  p.H_kv = k.size(1);
+  p.window = course::check_window(window, is_causal, s.Sq);
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
   p.masking = course::make_masking(mask, is_causal, stride, s, q);
   p.key_lengths = nullptr;
@@ -90,9 +96,9 @@ std::tuple<at::Tensor, at::Tensor> attention_fast(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
-    int64_t variant) {
+    int64_t variant, int64_t window) {
   const c10::cuda::CUDAGuard guard(q.device());
-  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
+  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, true, window);
   phase5::launch_fast(prep.params, prep.D, static_cast<int>(variant),
                       c10::cuda::getCurrentCUDAStream());
   return {prep.out, prep.lse};
@@ -110,7 +116,7 @@ TORCH_LIBRARY(phase5_fused, m) {
   }
   m.def(
       "attention_fast(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
-      "int stride, Tensor? key_lengths, bool return_lse, int variant) -> (Tensor, Tensor)");
+      "int stride, Tensor? key_lengths, bool return_lse, int variant, int window=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {

@@ -8,10 +8,14 @@
    speed-up over the version before).
 3. The fast kernel at stride 1, 2, 4, 8 (rows op=attention_strided, with their speed-up over
    stride 1), and every tile variant of the fast kernel at S=4096 (section `variants`).
-4. Nsight Compute on one call of every attention kernel of phases 2-5 (every version of the fused
+4. The fast kernel on grouped-query heads (op attention_gqa: B=4, H=32 over H_kv in {32, 8},
+   S=4096, D=64, causal and not) and with a sliding window (op attention_window: B=4, H=8, S=8192,
+   D=64, causal, window in {256, 1024, 4096, none}, each row with its speed-up over no window;
+   TFLOP/s count the visible pairs only).
+5. Nsight Compute on one call of every attention kernel of phases 2-5 (every version of the fused
    kernel) and of sdpa_efficient at the headline shape, in one session (this script's
    --profile-target).
-5. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
+6. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: a short run
 written to results/quick/metrics.json, not rendered. About 4 minutes on an H100.
 """
@@ -37,6 +41,9 @@ HEADLINE = {"B": B, "H": H, "Sq": 4096, "Sk": 4096, "D": 64, "causal": False, "d
 SEQ_LENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 QUICK_SEQ_LENS = [256, 1024]
 STRIDES = [1, 2, 4, 8]
+# Grouped-query heads (op attention_gqa) and sliding windows (op attention_window; None: no window).
+GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 64}
+WINDOW = {"B": 4, "H": 8, "S": 8192, "D": 64, "windows": (256, 1024, 4096, None)}
 # Largest S each implementation is timed at (B=4, H=8): the unfused paths hold B*H*S*S floats
 # (S=16384: 34 GB per buffer) and the simple kernels would take most of the time budget.
 MAX_S = {"torch_naive": 8192, "sdpa_math": 8192, "phase2_naive": 4096, "phase3_tiled_t16": 4096,
@@ -190,6 +197,40 @@ def variant_rows(quick) -> list[dict]:
     return rows
 
 
+def gqa_window_rows(quick) -> list[dict]:
+    """The fast kernel on H query heads over H_kv KV heads (the same q for each H_kv), and causal
+    with each window of WINDOW (speedup_vs_full: the time without a window over this row's). The
+    --quick run takes a quarter of the lengths."""
+    from utils import roofline
+
+    rows = []
+    B, H, D, S = GQA["B"], GQA["H"], GQA["D"], GQA["S"] // (4 if quick else 1)
+    for causal in (False, True):
+        q = random_qkv(B, H, S, 1, D)[0]
+        for H_kv in GQA["H_kv"]:
+            k, v = random_qkv(B, H_kv, 1, S, D)[1:]
+            row = attention_row("phase5_fused", lambda q_, k_, v_, c_: fp32.attention(q_, k_, v_, is_causal=c_),
+                                q, k, v, causal, op="attention_gqa", **timing(quick))
+            row["H_kv"] = H_kv
+            rows.append(row)
+            del k, v
+        del q
+    B, H, D, S = WINDOW["B"], WINDOW["H"], WINDOW["D"], WINDOW["S"] // (4 if quick else 1)
+    q, k, v = random_qkv(B, H, S, S, D)
+    full_ms = None
+    for window in sorted(WINDOW["windows"], key=lambda w: w is not None):  # None first: the base
+        fn = lambda q_, k_, v_, c_, w=window: fp32.attention(q_, k_, v_, is_causal=c_, window=w)
+        row = attention_row("phase5_fused", fn, q, k, v, True, op="attention_window", **timing(quick))
+        row["window"] = "none" if window is None else window
+        row["tflops"] = roofline.tflops(roofline.attention_flops(B, H, S, S, D, True, window=window), row["ms"])
+        full_ms = row["ms"] if window is None else full_ms
+        row["speedup_vs_full"] = full_ms / row["ms"]
+        rows.append(row)
+    del q, k, v
+    torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # ncu: one process runs one call of every implementation at the headline shape. A marker kernel
 # (torch.cuda._sleep) follows the set-up and each call, so the records split per implementation.
@@ -248,6 +289,7 @@ def measure(args) -> Path:
     versions = version_rows(impls.get("sdpa_efficient"), args.quick)
     print(f"versions done ({time.perf_counter() - start:.0f} s)", flush=True)
     rows += strided_rows(args.quick)
+    rows += gqa_window_rows(args.quick)
     variants = variant_rows(args.quick)
     print(f"strided + variants done ({time.perf_counter() - start:.0f} s)", flush=True)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()

@@ -4,7 +4,8 @@ phase5_fused.fp32` (memcheck + racecheck).
 
 Sizes, for every version: S=17 (no tile multiple), Sq != Sk both ways, Sk below one key tile, masks,
 causal, stride, key padding, every D (each version's template instance per D), a row with every key
-hidden; then every fast-kernel tile variant.
+hidden; then every fast-kernel tile variant, and one grouped-query (H=4 over H_kv=2) sliding-window
+call of the fast kernel (its window instance) with padding and stride.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from utils import reference
 from utils.testing import assert_close, random_additive_mask, random_bool_mask, random_qkv
 
 
-def case(kernel, B, H, Sq, Sk, D, **kw):
-    q, k, v = random_qkv(B, H, Sq, Sk, D)
+def case(kernel, B, H, Sq, Sk, D, H_kv=None, **kw):
+    q, k, v = random_qkv(B, H, Sq, Sk, D, H_kv=H_kv)
     out, lse = fp32.attention(q, k, v, kernel=kernel, return_lse=True, **kw)
     ref, ref_lse = reference.attention(q, k, v, return_lse=True,
                                        **{n: x for n, x in kw.items() if n != "variant"})
@@ -38,6 +39,8 @@ def main() -> None:
     for D, count in fp32.FAST_VARIANTS.items():
         for variant in range(count):
             case("fast", 1, 1, 70, 131, D, variant=variant, is_causal=True)
+    case("fast", 2, 4, 150, 130, 64, H_kv=2, is_causal=True, window=37, stride=2,
+         key_lengths=torch.tensor([100, 0], dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
     print("phase5_fused.fp32 sanitize cases: ok")
 

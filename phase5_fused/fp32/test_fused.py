@@ -240,6 +240,122 @@ def test_long_sequence_runs_without_s_by_s_buffer():
 
 
 # ------------------------------------------------------------------------------------------------
+# Grouped-query attention and sliding windows (the fast kernel)
+
+HEADS = [(8, 8), (8, 2), (8, 1)]  # (H, H_kv): multi-head, grouped-query, multi-query
+
+
+@requires_gpu
+@pytest.mark.parametrize("H,H_kv", HEADS)
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(H, H_kv, D, causal):
+    """k, v with H_kv heads against the float64 reference, Sq != Sk."""
+    check("fast", *random_qkv(2, H, 150, 333, D, H_kv=H_kv), is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("H_kv", [2, 1])
+@pytest.mark.parametrize("variant", [0, 1])
+def test_gqa_reads_the_group_kv_head(H_kv, variant):
+    """The grouped call computes exactly what the kernel computes on K, V expanded per query head
+    (the same arithmetic, bit for bit): query head h reads KV head h // (H // H_kv)."""
+    q, k, v = random_qkv(2, 8, 130, 257, 64, H_kv=H_kv)
+    grouped = run("fast", q, k, v, is_causal=True, variant=variant)
+    expanded = run("fast", q, k.repeat_interleave(8 // H_kv, 1), v.repeat_interleave(8 // H_kv, 1), is_causal=True,
+                   variant=variant)
+    assert torch.equal(grouped, expanded)
+
+
+@requires_gpu
+@pytest.mark.parametrize("window", [1, 17, 128, 1000])
+@pytest.mark.parametrize("S", [1, 33, 200, 1031])
+@pytest.mark.parametrize("H,H_kv", [(8, 8), (8, 2)])
+def test_window(window, S, H, H_kv):
+    check("fast", *random_qkv(1, H, S, S, 64, H_kv=H_kv), is_causal=True, window=window)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("Sq,Sk", [(300, 200), (150, 400), (1, 300), (257, 257)])
+@pytest.mark.parametrize("window", [1, 63, 100])
+def test_window_every_head_dim_and_cross_lengths(D, Sq, Sk, window):
+    check("fast", *random_qkv(1, 4, Sq, Sk, D, H_kv=2), is_causal=True, window=window)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D,variant", [(64, 0), (64, 1), (128, 0), (128, 1)])
+def test_window_every_variant(D, variant):
+    check("fast", *random_qkv(1, 4, 333, 333, D, H_kv=1), is_causal=True, window=70, variant=variant)
+
+
+@requires_gpu
+def test_window_with_mask_stride_and_key_lengths():
+    """The window combines with the other rules: a mask, stride, key padding (and a row that
+    sees nothing: row 0 with key_lengths 0, rows past a short batch's keys)."""
+    B, H, H_kv, Sq, Sk = 3, 4, 2, 260, 300
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    lengths = torch.tensor([Sk, 90, 0], dtype=torch.int64, device="cuda")
+    for stride in (None, 3):
+        out = check("fast", *random_qkv(B, H, Sq, Sk, 96, H_kv=H_kv), mask=mask, is_causal=True, window=50,
+                    stride=stride, key_lengths=lengths)
+        assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+@requires_gpu
+def test_window_rows_past_their_keys_are_zero():
+    """Sq > Sk, top-left causal with a window: row i >= Sk + window - 1 sees no key and gives zeros."""
+    q, k, v = random_qkv(1, 2, 300, 100, 64)
+    out = check("fast", q, k, v, is_causal=True, window=40)
+    assert torch.equal(out[:, :, 139:], torch.zeros_like(out[:, :, 139:]))
+
+
+@requires_gpu
+def test_gqa_window_refused_by_other_versions_and_with_grad():
+    q, k, v = random_qkv(1, 4, 16, 24, 64, H_kv=2)
+    for kernel in KERNELS[:-1]:
+        with pytest.raises(ValueError, match="fast kernel only"):
+            fp32.attention(q, k, v, kernel=kernel)
+        with pytest.raises(ValueError, match="fast kernel only"):
+            fp32.attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, window=4,
+                           kernel=kernel)
+    with pytest.raises(ValueError, match="backward"):
+        fp32.attention(q.requires_grad_(), k, v)
+    with pytest.raises(ValueError, match="backward"):
+        fp32.attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, window=4)
+    with torch.no_grad():
+        check("fast", q, k, v, is_causal=True, window=4)
+
+
+@requires_gpu
+def test_gqa_window_op_checks():
+    """The C++ op checks the head grouping and the window itself."""
+    ops = fp32.load()
+    q, k, v = random_qkv(1, 4, 16, 24, 64, H_kv=3)
+    with pytest.raises(RuntimeError, match="KV heads H_kv=3"):
+        ops.attention_fast(q, k, v, None, False, None, 1, None, False, 0)
+    q, k, v = random_qkv(1, 4, 16, 24, 64, H_kv=2)
+    with pytest.raises(RuntimeError, match="window"):
+        ops.attention_fast(q, k, v, None, False, None, 1, None, False, 0, 4)  # window without causal
+    with pytest.raises(RuntimeError, match="window"):
+        ops.attention_fast(q, k, v, None, True, None, 1, None, False, 0, -1)
+    with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
+        ops.attention_v2(q, k, v, None, False, None, 1, None, False)  # grouped heads: the fast kernel only
+
+
+def test_gqa_window_bad_arguments_rejected_without_gpu():
+    q = torch.randn(1, 8, 4, 64)
+    k = torch.randn(1, 3, 4, 64)
+    with pytest.raises(ValueError, match=r"multiple of k's KV heads H_kv=3 \(k.shape\[1\]\)"):
+        fp32.attention(q, k, k)
+    for window in (0, -2, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="window must be an integer >= 1"):
+            fp32.attention(q, q, q, is_causal=True, window=window)
+    with pytest.raises(ValueError, match="window=8 needs is_causal=True"):
+        fp32.attention(q, q, q, window=8)
+
+
+# ------------------------------------------------------------------------------------------------
 # Bad inputs: errors name the argument
 
 

@@ -6,10 +6,15 @@
 Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
 SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
 broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
+Grouped-query attention: k and v may have H_kv heads, H % H_kv == 0 (MQA: H_kv = 1); query head h
+reads KV head h // (H // H_kv), and K/V are never copied per query head. window=w (with is_causal):
+query i sees keys i - w < j <= i; key blocks below a query block's window are never loaded. Both
+combine with masks and key_lengths.
 Accumulation and the softmax statistics are FP32; the output has the inputs' dtype.
 return_lse=True also returns the rows' logsumexp ([B, H, Sq] float32, natural log, -inf for a row
 with no visible key; op attention_lse). Differentiable in q, k, v (not the mask): the backward is
-phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad.
+phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad;
+that backward takes neither grouped heads nor a window, so such inputs that require grad are refused.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -22,7 +27,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, check_cuda_tensor, dim_in
+from utils.checks import check_attention_inputs, check_cuda_tensor, dim_in, grouped_or_window
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
@@ -34,15 +39,15 @@ def _register_fakes() -> None:
     """Meta implementations, so torch.compile can trace the ops without running them."""
 
     @torch.library.register_fake(f"{NAME}::attention")
-    def _attention_fake(q, k, v, mask, is_causal, scale, key_lengths):
+    def _attention_fake(q, k, v, mask, is_causal, scale, key_lengths, window=0):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake(f"{NAME}::attention_out")
-    def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out):
+    def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out, window=0):
         return None
 
     @torch.library.register_fake(f"{NAME}::attention_lse")
-    def _attention_lse_fake(q, k, v, mask, is_causal, scale, key_lengths):
+    def _attention_lse_fake(q, k, v, mask, is_causal, scale, key_lengths, window=0):
         B, H, Sq, _ = q.shape
         return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -62,19 +67,23 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None,
-              key_lengths=None, out: torch.Tensor | None = None, return_lse: bool = False):
+              key_lengths=None, out: torch.Tensor | None = None, return_lse: bool = False,
+              window: int | None = None):
     """softmax(scale * q k^T + mask) v on tensor cores.
 
-    q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
+    q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H % H_kv == 0 (grouped-query attention; H_kv = H
+    is plain multi-head): CUDA float16 or bfloat16 (the same dtype), D in
     SUPPORTED_D; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
     or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. out: optional contiguous output tensor shaped like q (written in place; not
-    differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32).
+    differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32). window: None, or
+    an integer >= 1 with is_causal: query i sees keys i - window < j <= i.
     """
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale)
+        is_causal=is_causal, scale=scale, grouped=True, window=window)
+    w = 0 if window is None else window  # the op's "no window"
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     tracing = torch.compiler.is_compiling()  # traced tensors have no data pointer
@@ -82,15 +91,19 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    extended = needs_grad and grouped_or_window(H, k.shape[1], window)
+    if extended:
+        raise ValueError(f"{extended}: the backward kernels take neither grouped heads nor a window, and an "
+                         "input requires grad; run under torch.no_grad()")
     if out is None and (return_lse or needs_grad):  # the backward needs the logsumexp
-        result, lse = ops.attention_lse(q, k, v, mask, is_causal, float(scale), key_lengths)
+        result, lse = ops.attention_lse(q, k, v, mask, is_causal, float(scale), key_lengths, w)
         return (result, lse) if return_lse else result
     if out is None:
-        return ops.attention(q, k, v, mask, is_causal, float(scale), key_lengths)
+        return ops.attention(q, k, v, mask, is_causal, float(scale), key_lengths, w)
     if needs_grad or return_lse:
         raise ValueError("out= writes in place: it cannot record a gradient or return lse; pass out=None")
     check_cuda_tensor(out, "out", (q.dtype,), dim=4)
     if out.shape != q.shape or not out.is_contiguous() or (not tracing and out.data_ptr() % 16 != 0):
         raise ValueError(f"out must be a contiguous, 16-byte aligned tensor of q's shape {tuple(q.shape)}")
-    ops.attention_out(q, k, v, mask, is_causal, float(scale), key_lengths, out)
+    ops.attention_out(q, k, v, mask, is_causal, float(scale), key_lengths, out, w)
     return out

@@ -4,12 +4,19 @@
    phase5_fused_tc beside FlashAttention-2 (sdpa_flash), cuDNN (sdpa_cudnn), sdpa_efficient and
    torch_naive, and the previous lesson's FP32 kernel (phase5_fused, on the same values in FP32),
    on the same inputs in the same run.
-2. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
+2. Grouped-query prefill (op attention_gqa): B=4, H=32 query heads over H_kv in {32, 8} KV heads,
+   S=4096, D=128, causal and not, beside sdpa_flash with enable_gqa (where this torch takes it).
+   Sliding window (op attention_window): B=4, H=8, S=8192, D=128, causal, window in {256, 1024,
+   4096, none}, each row with its speed-up over no window, beside sdpa_efficient given the same
+   window as a boolean mask (a mask hides scores but skips no work). TFLOP/s count the visible
+   pairs only (utils.roofline.attention_flops with the window); GB/s the K/V of H_kv heads.
+3. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
    128, with the warp-state and pipe counters (this script's --profile-target); the records are
    named impl_D<D>.
-3. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
+4. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: a short run
-written to results/quick/metrics.json, not rendered. Under 2 minutes on an H100.
+written to results/quick/metrics.json, not rendered (with GQA and window rows at a quarter of the
+lengths). Under 3 minutes on an H100.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ IMPL = "phase5_fused_tc"
 PROFILE_CALLS = [(IMPL, 64), (IMPL, 128), ("sdpa_flash", 64), ("sdpa_flash", 128)]
 NCU_REGEX = "tc_attention_kernel|flash_fwd"
 HMMA_16816_FLOP = 2 * 16 * 8 * 16  # FLOPs of one mma.sync m16n8k16 (one warp-level tensor instruction)
+# Grouped-query prefill: B, H query heads, the H_kv values compared, S, D (op attention_gqa).
+GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
+# Sliding window: B, H, S, D and the windows (None: causal without a window), op attention_window.
+WINDOW = {"B": 4, "H": 8, "S": 8192, "D": 128, "windows": (256, 1024, 4096, None)}
 
 
 def tc_fn(q, k, v, causal):
@@ -84,6 +95,75 @@ def benchmark(seq_lens) -> list[dict]:
         return [r for r in rows if r is not None]
 
     return sweep(configs, run_config, "tc attention")
+
+
+def gqa_rows(quick) -> list[dict]:
+    """phase5_fused_tc on H query heads over H_kv KV heads (the same q for every H_kv), beside
+    sdpa_flash with enable_gqa: sharing K/V should cost nothing (same time at H_kv = H / 4)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from utils.attention_bench import try_attention_row
+
+    def flash_gqa(q, k, v, causal):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+    B, H, D = GQA["B"], GQA["H"], GQA["D"]
+    S = GQA["S"] // 4 if quick else GQA["S"]
+    rows = []
+    for causal in (False, True):
+        gen = torch.Generator(device="cuda").manual_seed(7 + causal)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=DTYPE, generator=gen)
+        for H_kv in GQA["H_kv"]:
+            k, v = (torch.randn(B, H_kv, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(2))
+            for name, fn in ((IMPL, tc_fn), ("sdpa_flash", flash_gqa)):
+                row = try_attention_row(name, fn, q, k, v, causal, op="attention_gqa")
+                if row is not None:
+                    row["H_kv"] = H_kv
+                    rows.append(row)
+            del k, v
+        del q
+        torch.cuda.empty_cache()
+    return rows
+
+
+def window_rows(quick) -> list[dict]:
+    """phase5_fused_tc causal with each window of WINDOW, and sdpa_efficient with the same window as
+    a boolean mask; without a window (window "none") both causal, and sdpa_flash causal beside them.
+    speedup_vs_full: the same impl's time without a window over this row's."""
+    from utils import roofline
+    from utils.attention_bench import try_attention_row
+    from utils.peers import sdpa
+
+    B, H, D = WINDOW["B"], WINDOW["H"], WINDOW["D"]
+    S = WINDOW["S"] // 4 if quick else WINDOW["S"]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(3))
+    efficient, flash = sdpa("sdpa_efficient"), sdpa("sdpa_flash")
+    i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda").view(1, -1)
+    rows, full_ms = [], {}
+    for window in sorted(WINDOW["windows"], key=lambda w: w is not None):  # None first: the bases
+        impls = {IMPL: lambda q_, k_, v_, c_, w=window: tensor_cores.attention(q_, k_, v_, is_causal=c_, window=w)}
+        if window is None:
+            impls["sdpa_flash"] = lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_)
+            impls["sdpa_efficient"] = lambda q_, k_, v_, c_: efficient(q_, k_, v_, is_causal=c_)
+        else:
+            keep = (j <= i) & (j > i - window)
+            impls["sdpa_efficient"] = lambda q_, k_, v_, c_, m=keep: efficient(q_, k_, v_, mask=m)
+        for name, fn in impls.items():
+            row = try_attention_row(name, fn, q, k, v, True, op="attention_window")
+            if row is None:
+                continue
+            row["window"] = "none" if window is None else window
+            row["tflops"] = roofline.tflops(roofline.attention_flops(B, H, S, S, D, True, window=window), row["ms"])
+            if window is None:
+                full_ms[name] = row["ms"]
+            if name in full_ms:
+                row["speedup_vs_full"] = full_ms[name] / row["ms"]
+            rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,6 +221,7 @@ def measure(args) -> Path:
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
+    rows += gqa_rows(args.quick) + window_rows(args.quick)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 

@@ -3,7 +3,9 @@ float64 reference; run under compute-sanitizer by `python -m utils.sanitize phas
 (memcheck + racecheck).
 
 Sizes: Sq = 17 and Sk = 70 (neither a multiple of any tile, Sq != Sk), one batch with a key length
-inside a block and one with none, causal, and the mask path with a fully masked row.
+inside a block and one with none, causal, and the mask path with a fully masked row. Then the window
+instances (with and without a mask) once each per D, grouped-query (H = 4 over H_kv = 2) at
+Sq = 300, Sk = 270, so that query blocks start past their first key blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def main() -> int:
         return 0
     B, H, Sq, Sk = 3, 2, 17, 70
     lengths = torch.tensor([Sk, 33, 0], device="cuda", dtype=torch.int32)
+    # The window instances: grouped-query heads, query blocks that start past their first key blocks.
+    H_w, H_kv, Sq_w, Sk_w, window = 4, 2, 300, 270, 40
+    lengths_w = torch.tensor([Sk_w, 150, 0], device="cuda", dtype=torch.int32)
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
         for D in tc.SUPPORTED_D:
@@ -37,6 +42,14 @@ def main() -> int:
                 ref = reference.attention(q, k, v, mask=m, is_causal=causal, key_lengths=lengths)
                 assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
                              what=f"{dtype} D={D} causal={causal} mask={m is not None}")
+                cases += 1
+            q, k, v = random_qkv(B, H_w, Sq_w, Sk_w, D, dtype=dtype, H_kv=H_kv)
+            for m in (None, random_bool_mask((B, 1, Sq_w, Sk_w))):
+                out = poisoned_like(q)
+                tc.attention(q, k, v, mask=m, is_causal=True, key_lengths=lengths_w, window=window, out=out)
+                ref = reference.attention(q, k, v, mask=m, is_causal=True, key_lengths=lengths_w, window=window)
+                assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
+                             what=f"{dtype} D={D} GQA window={window} mask={m is not None}")
                 cases += 1
     torch.cuda.synchronize()
     print(f"tensor-core attention: {cases} kernel instantiations correct")

@@ -1,11 +1,16 @@
 // Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (sm_80+).
 //
-// Versions (one kernel, templated on dtype, head dim and the mask path):
-//   tc_attention_kernel<T, D, false>  fast path: no user mask. Causal blocks above the diagonal are
-//                                     skipped, and only diagonal / tail / key-padding blocks pay
-//                                     for per-element masking.
-//   tc_attention_kernel<T, D, true>   slower correct path for a boolean or additive user mask:
-//                                     every score looks up course::mask_bias (broadcast strides).
+// Versions (one kernel, templated on dtype, head dim, the mask path and the window):
+//   tc_attention_kernel<T, D, false, W>  fast path: no user mask. Causal blocks above the diagonal
+//                                        are skipped, and only diagonal / tail / key-padding blocks
+//                                        pay for per-element masking.
+//   tc_attention_kernel<T, D, true, W>   slower correct path for a boolean or additive user mask:
+//                                        every score looks up course::mask_bias (broadcast strides).
+//   W = true: a sliding window (query i sees keys i - window < j <= i): the loop starts at the block
+//   of key q0 - window + 1, so the blocks below a query block's window are never loaded. Its own
+//   instance: the window's tests cost registers that the plain path (W = false) keeps.
+// All take grouped-query attention: query head h reads KV head h / (H / H_kv), an index; K and V
+// are never copied per query head.
 // What makes it fast, against the FP32 fused kernel of this phase (see README.md):
 //   - both matmuls on tensor cores: mma.sync.m16n8k16, FP16/BF16 operands, FP32 accumulators;
 //   - fragments loaded by ldmatrix.x4 (.trans for V) from XOR-swizzled tiles: no bank conflicts;
@@ -82,7 +87,9 @@ struct Params {
   float* lse;              // [B, H, Sq] natural-log row logsumexp (the backward's input), or nullptr
   const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
   int H, Sq, Sk;
+  int H_kv;          // KV heads of k and v: query head h reads KV head h / (H / H_kv)
   float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
+  int window;        // sliding window with causal masking (< Sq; kWindow instances only)
   course::AttentionMasking masking;
 };
 
@@ -150,7 +157,7 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) 
          static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * D * 2);
 }
 
-template <typename T, int D, bool kHasMask>
+template <typename T, int D, bool kHasMask, bool kWindow>
 __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16 and cp.async need sm_80; the host refuses older GPUs first
@@ -180,26 +187,32 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int b = blockIdx.z;
   const int q0 = q_block * kBr;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+  const int64_t bh_kv = static_cast<int64_t>(b) * p.H_kv + h / (p.H / p.H_kv);  // GQA: this head's KV head
   const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
-  const T* K = static_cast<const T*>(p.k) + bh * p.Sk * D;
-  const T* V = static_cast<const T*>(p.v) + bh * p.Sk * D;
+  const T* K = static_cast<const T*>(p.k) + bh_kv * p.Sk * D;
+  const T* V = static_cast<const T*>(p.v) + bh_kv * p.Sk * D;
   T* O = static_cast<T*>(p.o) + bh * p.Sq * D;
   const bool causal = p.masking.causal;
 
   // Keys this block visits: the batch's valid keys, and with causal only up to the last row's
-  // diagonal (blocks above it are skipped, never loaded).
+  // diagonal (blocks above it are skipped, never loaded); with a window, only from the block of
+  // the first row's first visible key q0 - window + 1 (blocks below it are skipped too).
   const int kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
   const int kv_end = causal ? min(kv_len, q0 + kBr) : kv_len;
   const int n_blocks = course::ceil_div(kv_end, kBc);
+  const int window = kWindow ? p.window : 0;
+  const int j_begin = kWindow && q0 - window + 1 > 0 ? (q0 - window + 1) / kBc : 0;
 
-  // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block).
+  // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block). Block j
+  // goes to ring stage j % kStages.
   load_tile<T, D, kBr>(sQ, Q, q0, p.Sq);
   course::cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_blocks) {
-      load_tile<T, D, kBc>(sK + s * kBc * D, K, s * kBc, kv_len);
-      load_tile<T, D, kBc>(sV + s * kBc * D, V, s * kBc, kv_len);
+    const int j = j_begin + s;
+    if (j < n_blocks) {
+      load_tile<T, D, kBc>(sK + (j % kStages) * kBc * D, K, j * kBc, kv_len);
+      load_tile<T, D, kBc>(sV + (j % kStages) * kBc * D, V, j * kBc, kv_len);
     }
     course::cp_async_commit();
   }
@@ -228,9 +241,9 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const uint32_t lane_offset = lane_tile_offset<D>(lane);
   const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * D) + lane_offset;
 
-  for (int j = 0; j < n_blocks; ++j) {
-    // Wait for K_j, V_j (and Q at j = 0); the barrier makes every thread's copies visible and
-    // tells us that all warps are done with block j - 1, whose stage is refilled next.
+  for (int j = j_begin; j < n_blocks; ++j) {
+    // Wait for K_j, V_j (and Q at the first block); the barrier makes every thread's copies
+    // visible and tells us that all warps are done with block j - 1, whose stage is refilled next.
     course::cp_async_wait<kStages - 2>();
     __syncthreads();
     {
@@ -247,8 +260,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
-    // hidden and the warp has nothing to do for this block.
+    // hidden and the warp has nothing to do for this block. Window: likewise when every key lies
+    // at or below the warp's first row minus the window.
     if (causal && kv0 > warp_q0 + kWarpRows - 1) continue;
+    if (kWindow && kv0 + kBc - 1 <= warp_q0 - window) continue;
 
     // S = Q_i K_j^T on tensor cores, k = head dim in steps of 16. A (Q rows 0-15, chunks 2kk and
     // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: the 8x8 matrices of K rows
@@ -280,9 +295,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     }
 
     // Scale into log2 units; mask per element only where the block needs it: keys past the
-    // valid length, the causal diagonal, or the user's mask (added as a bias, -inf = hidden).
-    const bool need_mask =
-        kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0);
+    // valid length, the causal diagonal, the window's lower edge, or the user's mask (added as a
+    // bias, -inf = hidden).
+    const bool need_mask = kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0) ||
+                           (kWindow && kv0 <= warp_q0 + kWarpRows - 1 - window);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
@@ -293,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
           if (need_mask) {
             const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-            if (jj >= kv_len || (causal && jj > i)) {
+            if (jj >= kv_len || (causal && jj > i) || (kWindow && jj <= i - window)) {
               x = -CUDART_INF_F;
             } else if (kHasMask && i < p.Sq) {
               x += course::mask_bias(p.masking, b, h, i, jj) * kLog2e;
@@ -409,10 +425,10 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 #endif
 }
 
-template <typename T, int D, bool kHasMask>
+template <typename T, int D, bool kHasMask, bool kWindow>
 void launch(const Params& p, int B, cudaStream_t stream) {
   constexpr size_t smem = smem_bytes<D, T>();
-  auto* kernel = tc_attention_kernel<T, D, kHasMask>;
+  auto* kernel = tc_attention_kernel<T, D, kHasMask, kWindow>;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
@@ -434,10 +450,11 @@ void launch(const Params& p, int B, cudaStream_t stream) {
 
 template <typename T, int D>
 void launch_for_mask(const Params& p, int B, cudaStream_t stream) {
-  if (p.masking.mask.kind == course::MaskKind::kNone) {
-    launch<T, D, false>(p, B, stream);
+  const bool mask = p.masking.mask.kind != course::MaskKind::kNone;
+  if (p.window > 0) {
+    mask ? launch<T, D, true, true>(p, B, stream) : launch<T, D, false, true>(p, B, stream);
   } else {
-    launch<T, D, true>(p, B, stream);
+    mask ? launch<T, D, true, false>(p, B, stream) : launch<T, D, false, false>(p, B, stream);
   }
 }
 
@@ -454,7 +471,7 @@ void launch_for_dtype(const Params& p, int B, at::ScalarType dtype, cudaStream_t
 
 void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                          float* lse, const int* key_lengths, const course::AttentionMasking& masking,
-                         float scale, cudaStream_t stream) {
+                         float scale, int window, cudaStream_t stream) {
   Params p;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -465,6 +482,8 @@ void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.H = static_cast<int>(q.size(1));
   p.Sq = static_cast<int>(q.size(2));
   p.Sk = static_cast<int>(k.size(2));
+  p.H_kv = static_cast<int>(k.size(1));
+  p.window = window;
   p.scale_log2 = scale * kLog2e;
   p.masking = masking;
   const int B = static_cast<int>(q.size(0));

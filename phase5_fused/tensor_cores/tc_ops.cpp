@@ -1,9 +1,11 @@
 // Torch ops of the tensor-core fused attention (namespace phase5_fused_tc): validation that names
 // the argument, then the launch of tc_attention.cu on the current CUDA stream.
-//   attention(q, k, v, mask, is_causal, scale, key_lengths) -> out
-//   attention_out(q, k, v, mask, is_causal, scale, key_lengths, out)   writes into `out`
-//   attention_lse(q, k, v, mask, is_causal, scale, key_lengths) -> (out, lse)   lse [B, H, Sq] float32,
-//       the rows' natural-log logsumexp (-inf for a row with no visible key), what the backward needs
+//   attention(q, k, v, mask, is_causal, scale, key_lengths, window=0) -> out
+//   attention_out(q, k, v, mask, is_causal, scale, key_lengths, out, window=0)   writes into `out`
+//   attention_lse(q, k, v, mask, is_causal, scale, key_lengths, window=0) -> (out, lse)   lse [B, H, Sq]
+//       float32, the rows' natural-log logsumexp (-inf for a row with no visible key), what the backward needs
+// k and v may have H_kv heads (grouped-query attention, H % H_kv == 0); window: a sliding window with
+// is_causal (query i sees keys i - window < j <= i), 0 for none.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,14 +29,15 @@ void check_aligned(const at::Tensor& x, const char* name) {
 // Checks, then the launch; lse: nullptr or [B, H, Sq] float32 that the kernel fills.
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
          bool is_causal, double scale, const c10::optional<at::Tensor>& key_lengths, at::Tensor& out,
-         float* lse) {
+         float* lse, int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the tensor-core kernel, got ", q.scalar_type());
-  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
+  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true);
   TORCH_CHECK(phase5_tc::supported_head_dim(s.D), "head dim D=", s.D,
               " (q.size(3)) is not supported: use 32, 64, 96 or 128");
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max(),
               "q and k sequence lengths must fit in int32");
+  const int64_t kernel_window = course::check_window(window, is_causal, s.Sq);  // < Sq: fits in int
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
   TORCH_CHECK(out.is_cuda() && out.device() == q.device(), "out must be on q's device");
@@ -59,30 +62,32 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c1
     lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
   }
   phase5_tc::launch_tc_attention(q, k, v, out, lse, lengths.defined() ? lengths.data_ptr<int>() : nullptr,
-                                 masking, static_cast<float>(scale), c10::cuda::getCurrentCUDAStream());
+                                 masking, static_cast<float>(scale), static_cast<int>(kernel_window),
+                                 c10::cuda::getCurrentCUDAStream());
 }
 
 void attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
-                   const c10::optional<at::Tensor>& key_lengths, at::Tensor out) {
-  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr);
+                   const c10::optional<at::Tensor>& key_lengths, at::Tensor out, int64_t window) {
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr, window);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask, bool is_causal, double scale,
-                     const c10::optional<at::Tensor>& key_lengths) {
+                     const c10::optional<at::Tensor>& key_lengths, int64_t window) {
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr);
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, nullptr, window);
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  const c10::optional<at::Tensor>& mask, bool is_causal,
-                                                 double scale, const c10::optional<at::Tensor>& key_lengths) {
+                                                 double scale, const c10::optional<at::Tensor>& key_lengths,
+                                                 int64_t window) {
   TORCH_CHECK(q.dim() == 4, "q must be 4-D [B, H, Sq, D], got ", q.sizes());
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  run(q, k, v, mask, is_causal, scale, key_lengths, out, lse.data_ptr<float>());
+  run(q, k, v, mask, is_causal, scale, key_lengths, out, lse.data_ptr<float>(), window);
   return {out, lse};
 }
 
@@ -90,11 +95,11 @@ std::tuple<at::Tensor, at::Tensor> attention_lse(const at::Tensor& q, const at::
 
 TORCH_LIBRARY(phase5_fused_tc, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
-        "Tensor? key_lengths) -> Tensor");
+        "Tensor? key_lengths, int window=0) -> Tensor");
   m.def("attention_out(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
-        "Tensor? key_lengths, Tensor(a!) out) -> ()");
+        "Tensor? key_lengths, Tensor(a!) out, int window=0) -> ()");
   m.def("attention_lse(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, "
-        "Tensor? key_lengths) -> (Tensor, Tensor)");
+        "Tensor? key_lengths, int window=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_tc, CUDA, m) {

@@ -23,12 +23,13 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 SDPA_FLOOR = 1e-5
 
 
-def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0):
+def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0, H_kv=None):
     seed = new_seed()
+    H_kv = H if H_kv is None else H_kv
     q = randn(B, H, Sq, D, dtype=dtype, scale=scale, seed=seed)
-    k = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
-    v = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 2)
-    return q, k, v, f"(seed {seed}, B={B} H={H} Sq={Sq} Sk={Sk} D={D} {dtype})"
+    k = randn(B, H_kv, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
+    v = randn(B, H_kv, Sk, D, dtype=dtype, scale=scale, seed=seed + 2)
+    return q, k, v, f"(seed {seed}, B={B} H={H} H_kv={H_kv} Sq={Sq} Sk={Sk} D={D} {dtype})"
 
 
 def run_tc(q, k, v, **kwargs):
@@ -37,25 +38,29 @@ def run_tc(q, k, v, **kwargs):
     return out
 
 
-def sdpa_error(q, k, v, ref, mask=None, is_causal=False, scale=None, key_lengths=None) -> float:
-    """torch SDPA's relative error in q's dtype against the same float64 reference. Masks and
-    padding become one additive bias in q's dtype; fully masked rows (NaN in some backends) count
-    as the zeros the reference defines."""
-    if mask is None and key_lengths is None:
+def sdpa_error(q, k, v, ref, mask=None, is_causal=False, scale=None, key_lengths=None, window=None) -> float:
+    """torch SDPA's relative error in q's dtype against the same float64 reference. Masks, padding
+    and the window become one additive bias in q's dtype; grouped k, v are expanded per query head;
+    fully masked rows (NaN in some backends) count as the zeros the reference defines."""
+    B, H, Sq, _ = q.shape
+    if k.shape[1] != H:
+        k, v = (t.repeat_interleave(H // k.shape[1], dim=1) for t in (k, v))
+    if mask is None and key_lengths is None and window is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     else:
-        B, H, Sq, _ = q.shape
-        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device)
+        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device,
+                                        window=window)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
     return rel_error(out.nan_to_num(0.0), ref)
 
 
-def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=None) -> float:
+def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=None, window=None) -> float:
     """Run the kernel on poisoned output, compare with the reference and with SDPA's error."""
-    out = run_tc(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths)
-    ref = reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths)
+    out = run_tc(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths, window=window)
+    ref = reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths,
+                              window=window)
     err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
-    peer = sdpa_error(q, k, v, ref, mask, is_causal, scale, key_lengths)
+    peer = sdpa_error(q, k, v, ref, mask, is_causal, scale, key_lengths, window)
     assert err <= 2 * peer + SDPA_FLOOR, f"rel error {err:.3e} is over twice SDPA's {peer:.3e} {info}"
     return err
 
@@ -210,6 +215,136 @@ def test_fake_tensor_shapes():
 
 
 # ------------------------------------------------------------------------------------------------
+# Grouped-query attention and sliding windows
+
+HEADS = [(8, 8), (8, 2), (8, 1)]  # (H, H_kv): multi-head, grouped-query, multi-query
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("H,H_kv", HEADS)
+@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa(H, H_kv, D, dtype, causal):
+    """k, v with H_kv heads against the float64 reference, Sq != Sk."""
+    q, k, v, info = make_qkv(2, H, 150, 333, D, dtype, H_kv=H_kv)
+    check(q, k, v, info, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("H_kv", [2, 1])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gqa_reads_the_group_kv_head(H_kv, D):
+    """The grouped call computes exactly what the kernel computes on K, V expanded per query head
+    (the same arithmetic, bit for bit): query head h reads KV head h // (H // H_kv)."""
+    q, k, v, info = make_qkv(2, 8, 130, 257, D, torch.float16, H_kv=H_kv)
+    expanded = run_tc(q, k.repeat_interleave(8 // H_kv, 1), v.repeat_interleave(8 // H_kv, 1), is_causal=True)
+    assert torch.equal(run_tc(q, k, v, is_causal=True), expanded), info
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("window", [1, 17, 128, 1000])
+@pytest.mark.parametrize("S", [1, 33, 200, 1031])
+@pytest.mark.parametrize("H,H_kv", [(8, 8), (8, 2)])
+def test_window(window, S, H, H_kv, dtype):
+    q, k, v, info = make_qkv(1, H, S, S, 128, dtype, H_kv=H_kv)
+    check(q, k, v, info, is_causal=True, window=window)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("Sq,Sk", [(300, 200), (150, 400), (1, 300), (257, 257)])
+@pytest.mark.parametrize("window", [1, 63, 100])
+def test_window_every_head_dim_and_cross_lengths(D, Sq, Sk, window):
+    q, k, v, info = make_qkv(1, 4, Sq, Sk, D, torch.float16, H_kv=2)
+    check(q, k, v, info, is_causal=True, window=window)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_window_with_mask_and_key_lengths(D):
+    """The window combines with a mask and key padding (a batch with no key gives zeros)."""
+    B, H, Sq, Sk = 3, 4, 260, 300
+    q, k, v, info = make_qkv(B, H, Sq, Sk, D, torch.bfloat16, H_kv=1)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    lengths = torch.tensor([Sk, 90, 0], device="cuda")
+    check(q, k, v, info, mask=mask, is_causal=True, key_lengths=lengths, window=50)
+    check(q, k, v, info, is_causal=True, key_lengths=lengths, window=50)
+    out = run_tc(q, k, v, mask=mask, is_causal=True, key_lengths=lengths, window=50)
+    assert torch.equal(out[2], torch.zeros_like(out[2])), info
+
+
+@requires_gpu
+def test_window_rows_past_their_keys_are_zero():
+    """Sq > Sk, top-left causal with a window: row i >= Sk + window - 1 sees no key and gives zeros."""
+    q, k, v, info = make_qkv(1, 2, 300, 100, 64, torch.float16)
+    check(q, k, v, info, is_causal=True, window=40)
+    out = run_tc(q, k, v, is_causal=True, window=40)
+    assert torch.equal(out[:, :, 139:], torch.zeros_like(out[:, :, 139:])), info
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gqa_window_lse(D):
+    q, k, v, info = make_qkv(2, 4, 200, 200, D, torch.float16, H_kv=2)
+    out, lse = tc.attention(q, k, v, is_causal=True, window=33, return_lse=True)
+    ref, ref_lse = reference.attention(q, k, v, is_causal=True, window=33, return_lse=True)
+    assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
+    err = (lse.double() - ref_lse).abs().max().item()
+    assert err <= 1e-4 * max(1.0, ref_lse.abs().max().item()), f"lse max abs error {err:.3e} {info}"
+
+
+@requires_gpu
+def test_gqa_window_refused_with_grad():
+    q, k, v, info = make_qkv(1, 4, 16, 24, 64, torch.float16, H_kv=2)
+    with pytest.raises(ValueError, match="backward"):
+        tc.attention(q.requires_grad_(), k, v)
+    with pytest.raises(ValueError, match="backward"):
+        tc.attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, window=4)
+    with torch.no_grad():
+        check(q, k, v, info, is_causal=True, window=4)
+
+
+@requires_gpu
+def test_gqa_window_op_checks():
+    """The C++ op checks the head grouping and the window itself."""
+    ops = tc.load()
+    q, k, v, _ = make_qkv(1, 4, 16, 24, 64, torch.float16, H_kv=3)
+    with pytest.raises(RuntimeError, match="KV heads H_kv=3"):
+        ops.attention(q, k, v, None, False, 0.125, None)
+    q, k, v, _ = make_qkv(1, 4, 16, 24, 64, torch.float16, H_kv=2)
+    with pytest.raises(RuntimeError, match="window"):
+        ops.attention(q, k, v, None, False, 0.125, None, 4)  # window without causal
+    with pytest.raises(RuntimeError, match="window"):
+        ops.attention_lse(q, k, v, None, True, 0.125, None, -1)
+
+
+@requires_gpu
+def test_gqa_window_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = tc.load()
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 17, 64, dtype=torch.float16, device="cuda")
+        k = torch.empty(2, 2, 40, 64, dtype=torch.float16, device="cuda")
+        out, lse = ops.attention_lse(q, k, k, None, True, 0.125, None, 16)
+    assert out.shape == q.shape and lse.shape == (2, 8, 17)
+
+
+def test_gqa_window_bad_arguments_rejected_without_gpu():
+    q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
+    k = torch.randn(1, 3, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"multiple of k's KV heads H_kv=3 \(k.shape\[1\]\)"):
+        tc.attention(q, k, k)
+    for window in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="window must be an integer >= 1"):
+            tc.attention(q, q, q, is_causal=True, window=window)
+    with pytest.raises(ValueError, match="window=8 needs is_causal=True"):
+        tc.attention(q, q, q, window=8)
+
+
+# ------------------------------------------------------------------------------------------------
 # Bad input: clear errors that name the argument
 
 
@@ -250,7 +385,7 @@ def test_bad_inputs_named():
         x = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
         tc.attention(x, x, x)
     with pytest.raises(ValueError, match="k must be"):
-        tc.attention(q, k[:, :1], v)
+        tc.attention(q, k[..., :32], v[..., :32])
     with pytest.raises(ValueError, match="v must have k's shape"):
         tc.attention(q, k, v[:, :, :5])
     with pytest.raises(ValueError, match="mask"):

@@ -13,9 +13,29 @@ struct AttentionShape {
   int64_t B, H, Sq, Sk, D;
 };
 
+// Grouped-query attention (MQA when H_kv = 1): H query heads share H_kv KV heads, query head h
+// reads KV head h / (H / H_kv). H must be a multiple of H_kv; `name` is the tensor that holds H_kv
+// in its dimension 1. Returns the group size H / H_kv.
+inline int64_t check_kv_heads(int64_t H, int64_t H_kv, const char* name = "k") {
+  TORCH_CHECK(H_kv >= 1 && H % H_kv == 0, "q's heads H=", H, " must be a multiple of ", name,
+              "'s KV heads H_kv=", H_kv, " (", name, ".shape[1])");
+  return H / H_kv;
+}
+
+// A sliding window (with causal masking): query i sees keys j with i - window < j <= i. An op takes
+// window = 0 for none. Returns the window the kernel applies: 0 (none) also when window >= Sq,
+// since then no row i < Sq loses a key j >= 0.
+inline int64_t check_window(int64_t window, bool causal, int64_t Sq) {
+  TORCH_CHECK(window >= 0, "window must be >= 1 (or 0 for no window), got ", window);
+  TORCH_CHECK(window == 0 || causal, "window=", window, " needs is_causal=True (query i sees keys ",
+              "i - window < j <= i)");
+  return window >= Sq ? 0 : window;
+}
+
 // q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D]: CUDA, contiguous, of `dtype`, same device.
+// grouped: k and v may have H_kv heads instead of H (check_kv_heads).
 inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                at::ScalarType dtype) {
+                                at::ScalarType dtype, bool grouped = false) {
   const at::Tensor* tensors[] = {&q, &k, &v};
   const char* names[] = {"q", "k", "v"};
   for (int t = 0; t < 3; ++t) {
@@ -27,8 +47,9 @@ inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const 
     TORCH_CHECK(x.device() == q.device(), names[t], " must be on the same device as q");
   }
   const AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-  TORCH_CHECK(k.size(0) == s.B && k.size(1) == s.H, "k must have q's batch and heads, got ",
+  TORCH_CHECK(k.size(0) == s.B && (grouped || k.size(1) == s.H), "k must have q's batch and heads, got ",
               k.sizes(), " for q ", q.sizes());
+  if (grouped) check_kv_heads(s.H, k.size(1));
   TORCH_CHECK(k.size(3) == s.D, "k must have q's head dim D=", s.D, ", got ", k.size(3));
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", k.sizes(), ", got ", v.sizes());
   TORCH_CHECK(s.Sq > 0 && s.Sk > 0 && s.B > 0 && s.H > 0, "q, k, v must not be empty");
