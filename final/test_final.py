@@ -527,19 +527,17 @@ def test_grouped_heads_or_window_with_grad_leave_the_reference_only(monkeypatch)
 
 
 def test_signature_cache_keys_on_grouped_heads_and_window(monkeypatch):
-    """On an sm_90 GPU auto picks fused_hopper for plain heads; grouped heads or a window (which it
-    does not take) must resolve anew, not hit the plain signature's answer."""
+    """On an sm_90 GPU auto picks fused_hopper for plain and grouped heads; a window (which it does
+    not take) must resolve anew, not hit the plain signature's answer."""
     monkeypatch.setattr(A, "_RESOLVED", {})
     monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
     with FakeTensorMode():
         q = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda")
         k = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
         assert resolve_mode("auto", q, q, q) == "fused_hopper"
-        assert resolve_mode("auto", q, k, k) == "fused_tc"
+        assert resolve_mode("auto", q, k, k) == "fused_hopper"
         assert resolve_mode("auto", q, q, q, window=8) == "fused_tc"
         assert resolve_mode("auto", q, q, q) == "fused_hopper"
-        with pytest.raises(UnsupportedModeError, match="grouped-query"):
-            resolve_mode("fused_hopper", q, k, k)
         with pytest.raises(UnsupportedModeError, match="takes no window"):
             resolve_mode("fused_hopper", q, q, q, window=8)
 

@@ -4,7 +4,7 @@
     out = hopper.attention(q, k, v, is_causal=True)               # q, k, v: CUDA float16 / bfloat16
     out, lse = hopper.attention(q, k, v, return_lse=True)
 
-Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch SDPA),
+Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), grouped-query K/V (H_kv heads), causal (top-left aligned, as torch SDPA),
 key padding by key_lengths [B], a scale (default 1/sqrt(D)), and the row logsumexp (natural log,
 FP32 [B, H, Sq]). Rows with no visible key give zeros and lse = -inf. Boolean / additive masks are
 not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each version of the lesson
@@ -76,8 +76,9 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
               return_lse: bool = False, version: str = DEFAULT_VERSION, mask=None):
     """softmax(scale * q k^T) v on Hopper's TMA and wgmma.
 
-    q [B, H, Sq, D], k and v [B, H, Sk, D]: CUDA float16 or bfloat16 (the same dtype), D in
-    SUPPORTED_D; non-contiguous or misaligned inputs are copied. is_causal: query i sees keys
+    q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H a multiple of H_kv (grouped-query attention:
+    query head h reads K/V head h // (H // H_kv), nothing copied): CUDA float16 or bfloat16 (the
+    same dtype), D in SUPPORTED_D; non-contiguous or misaligned inputs are copied. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. return_lse: also return the FP32 row logsumexp [B, H, Sq] (natural log; -inf for
     rows with no visible key). version: one of VERSIONS. mask: not supported (raises).
@@ -92,7 +93,7 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale)
+        is_causal=is_causal, scale=scale, grouped=True)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if not torch.compiler.is_compiling():  # traced tensors have no data pointer nor a device to ask

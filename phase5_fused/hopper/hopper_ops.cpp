@@ -58,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              int64_t version) {
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the Hopper kernel, got ", q.scalar_type());
-  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
+  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
   TORCH_CHECK(version >= 1 && version <= 4, "version must be 1, 2, 3 or 4, got ", version);
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max() &&

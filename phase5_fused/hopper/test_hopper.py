@@ -37,12 +37,14 @@ def _hopper_reason() -> str | None:
 requires_hopper = pytest.mark.skipif(_hopper_reason() is not None, reason=_hopper_reason() or "")
 
 
-def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0):
+def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0, H_kv=None):
+    """q [B, H, Sq, D], k and v [B, H_kv, Sk, D] (H_kv defaults to H)."""
     seed = new_seed()
+    H_kv = H if H_kv is None else H_kv
     q = randn(B, H, Sq, D, dtype=dtype, scale=scale, seed=seed)
-    k = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
-    v = randn(B, H, Sk, D, dtype=dtype, scale=scale, seed=seed + 2)
-    return q, k, v, f"(seed {seed}, B={B} H={H} Sq={Sq} Sk={Sk} D={D} {dtype})"
+    k = randn(B, H_kv, Sk, D, dtype=dtype, scale=scale, seed=seed + 1)
+    v = randn(B, H_kv, Sk, D, dtype=dtype, scale=scale, seed=seed + 2)
+    return q, k, v, f"(seed {seed}, B={B} H={H} H_kv={H_kv} Sq={Sq} Sk={Sk} D={D} {dtype})"
 
 
 def run(q, k, v, **kwargs):
@@ -56,7 +58,9 @@ def run(q, k, v, **kwargs):
 
 def sdpa_error(q, k, v, ref, is_causal=False, scale=None, key_lengths=None) -> float:
     """torch SDPA's relative error in q's dtype against the same float64 reference (padding as an
-    additive bias; fully masked rows, NaN in some backends, count as the reference's zeros)."""
+    additive bias; fully masked rows, NaN in some backends, count as the reference's zeros). Grouped
+    K/V are expanded per query head for it."""
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     if key_lengths is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     else:
@@ -163,6 +167,22 @@ def test_large_magnitude(dtype, magnitude, D, version):
     ref, ref_lse = reference.attention(q, k, v, is_causal=True, return_lse=True)
     assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype], seed_info=info)
     assert_close(lse, ref_lse, dtype=torch.float32, rel_tol=LSE_TOL, what="lse", seed_info=info)
+
+
+@requires_hopper
+@pytest.mark.parametrize("version", hopper.VERSIONS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("H,H_kv", [(8, 2), (6, 1), (4, 4)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads(causal, H, H_kv, D, version):
+    """K/V with H_kv heads (query head h reads h // (H // H_kv)): against float64, with key padding,
+    and bit for bit the same kernel on K/V expanded per query head."""
+    q, k, v, info = make_qkv(2, H, 300, 333, D, torch.bfloat16, H_kv=H_kv)
+    lengths = torch.tensor([333, 140], device="cuda")
+    check(q, k, v, info, version, is_causal=causal, key_lengths=lengths)
+    grouped = run(q, k, v, is_causal=causal, version=version)
+    expanded = run(q, *(x.repeat_interleave(H // H_kv, dim=1) for x in (k, v)), is_causal=causal, version=version)
+    assert torch.equal(grouped, expanded), f"grouped K/V differ from expanded K/V {info}"
 
 
 @requires_hopper
@@ -346,8 +366,8 @@ def test_bad_inputs_named():
     with pytest.raises(ValueError, match=r"D=96 \(q.shape\[-1\]\)"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         hopper.attention(x, x, x)
-    with pytest.raises(ValueError, match="k must be"):
-        hopper.attention(q, k[:, :1], v)
+    with pytest.raises(ValueError, match=r"H=2 must be a multiple of k's KV heads H_kv=3"):
+        hopper.attention(q, k.repeat(1, 2, 1, 1)[:, :3], v.repeat(1, 2, 1, 1)[:, :3])
     with pytest.raises(ValueError, match="mask is not supported"):
         hopper.attention(q, k, v, mask=torch.ones(16, 24, dtype=torch.bool, device="cuda"))
     with pytest.raises(ValueError, match="key_lengths"):
