@@ -1,0 +1,440 @@
+"""Generation: OptimizedTransformer.generate (prefill through final.attention, decode through
+phase5_fused.decode over a KV cache) against the phase 1 GPT generating without a cache.
+
+CPU tests: the argument checks (they run before any GPU work), KVCache, the sampling, the PyTorch
+peer's step (final.generation.torch_step) against the no-cache definition, and the whole generate
+loop of the OptimizedTransformer with its kernels replaced by PyTorch stand-ins (the cache
+bookkeeping, positions and masks, tested before the kernels meet a GPU). Toolkit test (skipped
+without nvcc): the cached forward traced on fake CUDA tensors through the real kernels' Python
+checks and fake implementations. GPU tests (skipped without a GPU): the real thing.
+
+How tokens are compared. Greedy tokens of two models agree only as long as no step is a near tie:
+where the top two logits differ by less than the models' rounding, either token is right. So:
+  - every dtype: the tokens are the argmax of the logits generate returns, and those logits match
+    the phase 1 GPT's (FP32, on the same generated prefix, one causal forward: the logits a no-cache
+    step would give) within MODEL_TOLERANCE, the bound final/test_final.py holds the forward to;
+  - FP32 also token for token against greedy_without_cache (the phase 1 GPT re-run on the whole
+    sequence for each token): identical, or diverging first at a step whose top two reference logits
+    differ by no more than twice the largest logit error measured there (a near tie, reported).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from final import generation as G
+from final.kv_cache import KVCache
+from final.test_final import MODEL_TOLERANCE
+from phase1_baseline.pytorch_transformer import GPTConfig, build_model
+from utils import reference
+from utils.testing import new_seed, rel_error, requires_gpu, requires_toolkit
+
+# hidden 128 / 2 heads = D 64 (decode.SUPPORTED_D); a max_seq small enough to reach.
+SMALL = GPTConfig(max_seq=64, n_layer=2, hidden=128, n_head=2)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _optimized(base, dtype=torch.float32):
+    from final.optimized_transformer import OptimizedTransformer
+
+    return OptimizedTransformer.from_baseline(base, dtype=dtype)
+
+
+def _float64(base):
+    """A float64 copy of a phase 1 GPT (the reference logits)."""
+    return copy.deepcopy(base).double()
+
+
+def _prompt(B, S, vocab=256, device="cuda", seed=None):
+    gen = torch.Generator().manual_seed(new_seed() if seed is None else seed)
+    return torch.randint(0, vocab, (B, S), generator=gen).to(device)
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: argument checks (before any GPU work)
+
+
+@pytest.fixture(scope="module")
+def cpu_model():
+    return _optimized(build_model(0, config=SMALL))
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"idx": [[1, 2]]}, TypeError, "idx must be a tensor"),
+    ({"idx": torch.zeros(5, dtype=torch.long)}, ValueError, r"idx must be \[B, S\]"),
+    ({"idx": torch.zeros(2, 0, dtype=torch.long)}, ValueError, r"idx must be \[B, S\].*S >= 1"),
+    ({"idx": torch.zeros(2, 3, dtype=torch.int32)}, TypeError, "idx must be int64"),
+    ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be an integer >= 0"),
+    ({"max_new_tokens": 2.0}, ValueError, "max_new_tokens must be an integer"),
+    ({"max_new_tokens": True}, ValueError, "max_new_tokens must be an integer"),
+    ({"temperature": -0.5}, ValueError, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, ValueError, "temperature must be a finite number"),
+    ({"temperature": "1"}, ValueError, "temperature must be"),
+    ({"top_k": 0}, ValueError, "top_k must be None or an integer >= 1"),
+    ({"top_k": 3.0}, ValueError, "top_k must be"),
+    ({"top_k": True}, ValueError, "top_k must be"),
+    ({"generator": 0}, TypeError, "generator must be a torch.Generator"),
+    ({"max_new_tokens": 48}, ValueError, "max_new_tokens=48 after a prompt of 17 tokens makes 65 tokens, "
+                                          "more than the model's max_seq=64"),
+])
+def test_bad_arguments_are_named_before_any_gpu_work(cpu_model, kwargs, error, match):
+    args = {"idx": torch.zeros(3, 17, dtype=torch.long), "max_new_tokens": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        cpu_model.generate(**args)
+
+
+def test_a_cpu_model_is_refused_after_the_arguments(cpu_model):
+    with pytest.raises(ValueError, match="CUDA kernels: the model is on cpu"):
+        cpu_model.generate(torch.zeros(3, 17, dtype=torch.long), 47)  # reaches max_seq exactly: accepted
+
+
+def test_unsupported_head_dim_is_refused():
+    from final.optimized_transformer import OptimizedTransformer
+
+    model = OptimizedTransformer(GPTConfig(max_seq=32, n_layer=1, hidden=96, n_head=2))  # D = 48
+    with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\); this model's is 48"):
+        model.generate(torch.zeros(1, 4, dtype=torch.long), 2)
+
+
+def test_device_and_value_checks():
+    base = build_model(0, config=SMALL)
+    step = functools.partial(G.torch_step, base)
+    idx = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"idx holds token ids in \[0, 256\], outside the vocabulary \[0, 256\)"):
+        G.generate(base, step, torch.cat([idx, torch.full((2, 1), 256)], dim=1), 1)
+    with pytest.raises(ValueError, match=r"idx holds token ids in \[-1"):
+        G.generate(base, step, idx - 1, 1)
+    with pytest.raises(ValueError, match="idx must be on the model's device cpu, got meta"):
+        G.generate(base, step, idx.to("meta"), 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: KVCache and sampling
+
+
+def test_kv_cache_append_write_and_bounds():
+    cache = KVCache(layers=2, batch=3, heads=2, max_len=6, head_dim=4, device="cpu")
+    assert cache.keys(1).shape == (3, 2, 6, 4) and cache.keys(1).is_contiguous() and cache.values(0).is_contiguous()
+    assert cache.append(4) == 0 and cache.length == 4 and cache.lengths.tolist() == [4, 4, 4]
+    kv = torch.randn(2, 3, 2, 4, 4)
+    cache.write(1, 0, kv)
+    assert cache.append(2) == 4 and cache.lengths.dtype == torch.int32 and cache.lengths.tolist() == [6, 6, 6]
+    new = torch.randn(3, 1, 2, 2, 4).permute(1, 0, 2, 3, 4)[:, :, :, :1].expand(2, 3, 2, 2, 4)  # any strides
+    cache.write(1, 4, new)
+    assert torch.equal(cache.keys(1)[:, :, :4], kv[0]) and torch.equal(cache.values(1)[:, :, :4], kv[1])
+    assert torch.equal(cache.keys(1)[:, :, 4:], new[0]) and torch.equal(cache.values(1)[:, :, 4:], new[1])
+    with pytest.raises(ValueError, match="holds 6 of max_len=6 tokens per sequence: no room for 1 more"):
+        cache.append(1)
+    cache.reset()
+    assert cache.length == 0 and cache.lengths.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="max_len must be a positive integer"):
+        KVCache(1, 1, 1, 0, 4, device="cpu")
+
+
+def test_kv_cache_for_model_takes_its_shape_dtype_and_device():
+    cache = KVCache.for_model(build_model(0, config=SMALL).to(torch.bfloat16), batch=2, max_len=10)
+    assert cache.kv.shape == (2, 2, 2, 2, 10, 64) and cache.kv.dtype == torch.bfloat16
+    assert cache.positions.tolist() == list(range(10))
+
+
+def test_next_token_greedy_top_k_and_reproducible_draws():
+    logits = torch.randn(4, 256, dtype=torch.float64)
+    greedy = G.next_token(logits)
+    assert greedy.shape == (4, 1) and torch.equal(greedy[:, 0], logits.argmax(-1))
+    draw = functools.partial(G.next_token, logits, 1.0)
+    assert torch.equal(draw(top_k=1, generator=torch.Generator().manual_seed(1)), greedy)
+    first = draw(generator=torch.Generator().manual_seed(7))
+    assert torch.equal(first, draw(generator=torch.Generator().manual_seed(7)))
+    top3 = logits.topk(3, dim=-1).indices
+    for seed in range(20):
+        token = draw(top_k=3, generator=torch.Generator().manual_seed(seed))
+        assert bool((token == top3).any(dim=-1).all())
+    # a low temperature concentrates the draws on the argmax, a high one spreads them
+    gen = torch.Generator().manual_seed(3)
+    cold = torch.cat([G.next_token(logits, 1e-3, generator=gen) for _ in range(10)], dim=1)
+    hot = torch.cat([G.next_token(logits, 100.0, generator=gen) for _ in range(50)], dim=1)
+    assert bool((cold == greedy).all()) and not bool((hot == greedy).all())
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: the loop, with the phase 1 GPT's PyTorch step and with the optimized model's stand-ins
+
+
+def assert_greedy_tokens_match(tokens, ref_tokens, ref_logits, errors, S):
+    """tokens == ref_tokens, or the first difference is at a near tie of the reference's logits:
+    top two closer than twice the largest logit error measured at that step (errors [B, steps])."""
+    differs = (tokens[:, S:] != ref_tokens[:, S:])
+    if not differs.any():
+        return
+    b, t = (int(i) for i in torch.nonzero(differs)[0])
+    top2 = ref_logits[b, t].double().topk(2).values
+    gap = float(top2[0] - top2[1])
+    assert gap <= 2 * float(errors[b, t]), (f"sequence {b} differs first at new token {t}, where the reference's top "
+                                            f"two logits differ by {gap:.2e}, more than 2x the logit error "
+                                            f"{float(errors[b, t]):.2e}: not a near tie")
+    warnings.warn(f"greedy tokens diverge at a near tie (sequence {b}, new token {t}, gap {gap:.1e})")
+
+
+def check_against_baseline(base, tokens, logits, S, N, dtype, ref_tokens=None):
+    """The module docstring's checks: tokens are the argmax of their logits, which match the phase 1
+    GPT's logits on the same prefix (float64); FP32 (ref_tokens given) token for token too."""
+    B = tokens.shape[0]
+    assert tokens.shape == (B, S + N) and tokens.dtype == torch.int64
+    assert logits.shape == (B, N, base.config.vocab_size) and logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+    assert bool((tokens[:, S:] == logits.argmax(-1)).all()), "generated tokens are not the argmax of their logits"
+    with torch.no_grad():
+        ref = _float64(base)(tokens[:, :-1])[:, S - 1:]  # the logits a no-cache step gives each new token
+    err = rel_error(logits, ref)
+    assert err <= MODEL_TOLERANCE[dtype], f"logits rel error {err:.2e} > {MODEL_TOLERANCE[dtype]:.0e} ({dtype})"
+    if ref_tokens is not None:
+        ref_tokens_t, ref_logits = ref_tokens
+        errors = (logits.double() - ref).abs().amax(-1)
+        assert_greedy_tokens_match(tokens, ref_tokens_t, ref_logits, errors, S)
+
+
+@pytest.mark.parametrize("B,S,N", [(1, 1, 20), (3, 17, 20), (2, 30, 1)])
+def test_torch_step_peer_matches_greedy_without_cache(B, S, N):
+    base = build_model(0, config=SMALL)
+    idx = _prompt(B, S, device="cpu")
+    tokens, logits = G.generate(base, functools.partial(G.torch_step, base), idx, N, return_logits=True)
+    check_against_baseline(base, tokens, logits, S, N, torch.float32, G.greedy_without_cache(base, idx, N))
+
+
+def test_torch_step_several_new_tokens_after_the_prefill():
+    """A step of several tokens on a filled cache (bottom-right causal) gives the forward's logits."""
+    base = build_model(0, config=SMALL)
+    idx = _prompt(2, 20, device="cpu")
+    cache = KVCache.for_model(base, 2, 20)
+    with torch.no_grad():
+        parts = [G.torch_step(base, idx[:, :13], cache), G.torch_step(base, idx[:, 13:], cache)]
+        ref = base(idx)
+    assert cache.length == 20
+    assert rel_error(torch.cat(parts, dim=1), ref) <= 1e-5
+
+
+def _stand_ins(monkeypatch):
+    """Replace the optimized model's kernels with PyTorch / utils.reference, so its generate runs on CPU."""
+    import phase6_layernorm_mlp as p6
+    from final import optimized_transformer as OT
+    from phase5_fused import decode
+
+    monkeypatch.setattr(OT, "GENERATE_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(p6, "layer_norm", lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
+
+    def add_layer_norm(x, residual, w, b, eps):
+        total = x + residual
+        return F.layer_norm(total, x.shape[-1:], w, b, eps), total
+
+    monkeypatch.setattr(p6, "add_layer_norm", add_layer_norm)
+    monkeypatch.setattr(p6, "gelu", lambda x, approximate: F.gelu(x, approximate=approximate))
+    monkeypatch.setattr(p6, "mlp", lambda x, w1, b1, w2, b2, approximate: F.linear(
+        F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2))
+
+    def prefill(q, k, v, mode, is_causal):
+        assert is_causal and q.shape == k.shape
+        return reference.attention(q, k, v, is_causal=True).to(q.dtype)
+
+    def decode_attention(q, k_cache, v_cache, cache_lengths):
+        assert k_cache.is_contiguous() and cache_lengths.dtype == torch.int32 and q.shape[2] <= decode.MAX_SQ
+        return reference.decode_attention(q, k_cache, v_cache, cache_lengths).to(q.dtype)
+
+    monkeypatch.setattr(OT, "cuda_attention_forward", prefill)
+    monkeypatch.setattr(decode, "attention", decode_attention)
+
+
+@pytest.mark.parametrize("B,S,N", [(1, 1, 20), (3, 17, 20), (3, 17, 47), (2, 64 - 1, 1)])
+def test_optimized_generate_loop_on_cpu_with_stand_in_kernels(monkeypatch, B, S, N):
+    _stand_ins(monkeypatch)
+    base = build_model(0, config=SMALL)
+    fast = _optimized(base)
+    idx = _prompt(B, S, device="cpu")
+    tokens, logits = fast.generate(idx, N, return_logits=True)
+    check_against_baseline(base, tokens, logits, S, N, torch.float32, G.greedy_without_cache(base, idx, N))
+    assert torch.equal(tokens[:, :S], idx)
+
+
+def test_optimized_forward_with_cache_on_cpu_with_stand_in_kernels(monkeypatch):
+    """Prefill, a step of 5 tokens (bottom-right causal in decode.attention), then one: the forward's logits;
+    and the errors of a cache that does not fit."""
+    _stand_ins(monkeypatch)
+    base = build_model(0, config=SMALL)
+    fast = _optimized(base)
+    idx = _prompt(2, 23, device="cpu")
+    cache = KVCache.for_model(fast, 2, 23)
+    with torch.no_grad():
+        parts = [fast(idx[:, :17], cache), fast(idx[:, 17:22], cache), fast(idx[:, 22:], cache)]
+        ref = base(idx)
+    assert rel_error(torch.cat(parts, dim=1), ref) <= 1e-5
+    with pytest.raises(ValueError, match="1 more tokens after the cache's 23 exceed its max_len=23"):
+        fast(idx[:, :1], cache)
+    cache.reset()
+    fast(idx[:, :1], cache)
+    with pytest.raises(ValueError, match="at most decode.MAX_SQ=16 tokens"):
+        fast(idx[:, :17], cache)
+    with pytest.raises(ValueError, match="idx has 1 sequences but the cache holds 2"):
+        fast(idx[:1, :1], cache)
+    with pytest.raises(ValueError, match="cache must hold 2 layers of 2 heads of D=64 in torch.float32"):
+        fast(idx[:, :1], KVCache(2, 2, 2, 8, 64, torch.float16, "cpu"))
+
+
+def test_max_new_tokens_zero_returns_the_prompt(monkeypatch):
+    _stand_ins(monkeypatch)
+    fast = _optimized(build_model(0, config=SMALL))
+    idx = _prompt(3, 9, device="cpu")
+    tokens, logits = fast.generate(idx, 0, return_logits=True)
+    assert torch.equal(tokens, idx) and tokens.data_ptr() != idx.data_ptr() and logits.shape == (3, 0, 256)
+
+
+def test_benchmark_without_a_gpu_measures_nothing(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU path")
+    from final import generate_benchmark
+
+    assert generate_benchmark.main([]) == 0
+    assert "no CUDA GPU" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# Toolkit: the cached forward on fake CUDA tensors (the real kernels' Python checks and fake impls)
+
+
+@requires_toolkit
+@pytest.mark.compile
+def test_cached_forward_traces_on_fake_cuda_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    models = {dt: _optimized(build_model(0, config=SMALL), dt) for dt in DTYPES}
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+        warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
+        idx = torch.zeros(3, 37, dtype=torch.long, device="cuda")
+        for dt, model in models.items():
+            model = model.to("cuda")
+            cache = KVCache.for_model(model, 3, 48)
+            assert model(idx, cache).shape == (3, 37, 256)
+            assert model(idx[:, :1], cache).dtype == dt
+            assert model(idx[:, :5], cache).shape == (3, 5, 256) and cache.length == 43
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.fixture(scope="module")
+def gpu_models():
+    """The 4-layer phase 1 GPT (D = 64) and its OptimizedTransformer in each dtype."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible")
+    base = build_model(0, "cuda")
+    return base, {dt: _optimized(base, dt) for dt in DTYPES}
+
+
+@requires_gpu
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("S", [1, 17, 64])
+@pytest.mark.parametrize("N", [1, 20])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_greedy_matches_the_baseline(gpu_models, B, S, N, dtype):
+    base, models = gpu_models
+    idx = _prompt(B, S)
+    tokens, logits = models[dtype].generate(idx, N, return_logits=True)
+    assert torch.equal(tokens[:, :S], idx)
+    ref_tokens = G.greedy_without_cache(base, idx, N) if dtype == torch.float32 else None
+    check_against_baseline(base, tokens, logits, S, N, dtype, ref_tokens)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_max_new_tokens_zero_returns_the_prompt_on_gpu(gpu_models, dtype):
+    idx = _prompt(3, 17)
+    tokens = gpu_models[1][dtype].generate(idx, 0)
+    assert torch.equal(tokens, idx) and tokens.data_ptr() != idx.data_ptr()
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_prefill_fills_the_cache_with_the_baselines_keys_and_values(gpu_models, dtype):
+    base, models = gpu_models
+    fast = models[dtype]
+    B, S, C, H = 3, 33, base.config.hidden, base.config.n_head
+    idx = _prompt(B, S)
+    cache = KVCache.for_model(fast, B, S + 7)
+    cache.kv.fill_(float("nan"))  # poisoned: every slot the prefill should write must be written
+    with torch.no_grad():
+        fast(idx, cache)
+        x = base.tok_emb(idx) + base.pos_emb(torch.arange(S, device="cuda"))
+        for layer, block in enumerate(base.blocks):
+            _, k, v = block.attn.qkv(block.ln1(x)).split(C, dim=-1)
+            for got, want in ((cache.keys(layer), k), (cache.values(layer), v)):
+                want = want.view(B, S, H, C // H).transpose(1, 2)
+                assert torch.isfinite(got[:, :, :S]).all() and torch.isnan(got[:, :, S:]).all()
+                assert rel_error(got[:, :, :S], want) <= MODEL_TOLERANCE[dtype], f"layer {layer}"
+            x = block(x)
+    assert cache.length == S and cache.lengths.tolist() == [S] * B
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_steps_of_several_tokens_match_the_forward(gpu_models, dtype):
+    """Prefill 17, a step of 5 new tokens per sequence (decode's bottom-right causal mask), then 1."""
+    base, models = gpu_models
+    idx = _prompt(3, 23)
+    cache = KVCache.for_model(models[dtype], 3, 23)
+    with torch.no_grad():
+        parts = [models[dtype](idx[:, a:b], cache) for a, b in ((0, 17), (17, 22), (22, 23))]
+        ref = _float64(base)(idx)
+    assert rel_error(torch.cat(parts, dim=1), ref) <= MODEL_TOLERANCE[dtype]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_sampling_is_reproducible_and_in_the_vocabulary(gpu_models, dtype, top_k):
+    fast = gpu_models[1][dtype]
+    idx, seed = _prompt(3, 17), new_seed()
+
+    def sample(seed):
+        return fast.generate(idx, 20, temperature=0.8, top_k=top_k,
+                             generator=torch.Generator("cuda").manual_seed(seed), return_logits=True)
+
+    (tokens, logits), (again, _), (other, _) = sample(seed), sample(seed), sample(seed + 1)
+    assert torch.equal(tokens, again), f"seed {seed}: the same generator seed gave different tokens"
+    assert not torch.equal(tokens, other), f"seeds {seed} and {seed + 1} gave the same 60 draws"
+    new = tokens[:, 17:]
+    assert bool(((new >= 0) & (new < 256)).all()) and torch.equal(tokens[:, :17], idx)
+    if top_k is not None:  # each token among the top_k of the logits it was drawn from
+        top = logits.topk(top_k, dim=-1).indices
+        assert bool((top == new[..., None]).any(-1).all())
+    greedy = fast.generate(idx, 20)
+    assert torch.equal(fast.generate(idx, 20, temperature=1.0, top_k=1,
+                                     generator=torch.Generator("cuda").manual_seed(seed)), greedy)
+
+
+@requires_gpu
+def test_generating_up_to_max_seq_exactly_and_not_past_it():
+    base = build_model(0, "cuda", config=SMALL)
+    fast = _optimized(base, torch.float16)
+    idx = _prompt(3, 17)
+    tokens, logits = fast.generate(idx, 47, return_logits=True)
+    assert tokens.shape == (3, 64)
+    check_against_baseline(base, tokens, logits, 17, 47, torch.float16)
+    with pytest.raises(ValueError, match="max_new_tokens=48 after a prompt of 17 tokens makes 65 tokens"):
+        fast.generate(idx, 48)
+
+
+@requires_gpu
+def test_bad_devices_and_token_ids_on_gpu(gpu_models):
+    fast = gpu_models[1][torch.float16]
+    idx = _prompt(2, 5)
+    with pytest.raises(ValueError, match="idx must be on the model's device cuda:0, got cpu"):
+        fast.generate(idx.cpu(), 2)
+    with pytest.raises(ValueError, match="generator must be a cuda generator"):
+        fast.generate(idx, 2, temperature=1.0, generator=torch.Generator())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        fast.generate(idx + 256, 2)
