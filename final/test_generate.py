@@ -438,3 +438,49 @@ def test_bad_devices_and_token_ids_on_gpu(gpu_models):
         fast.generate(idx, 2, temperature=1.0, generator=torch.Generator())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         fast.generate(idx + 256, 2)
+
+
+def test_benchmark_measure_rows_on_cpu(monkeypatch):
+    """final.generate_benchmark's measurement loop and rows on CPU: the stand-in kernels, stand-in timers."""
+    import utils.bench
+    from final import generate_benchmark as GB
+    from utils.results import validate
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 4.0
+
+    _stand_ins(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(utils.bench, "timed_call", lambda fn: (fn(), 2.0))
+    rows = GB.measure(list(GB.IMPLS), ["float32"], (1, 2), prompt=6, new_tokens=3, reps=1, device="cpu")
+    validate({"env": {k: "" for k in ("gpu", "sms", "torch", "cuda", "driver", "date", "commit")},
+              "ceilings": {}, "rows": rows})
+    assert [(r["impl"], r["B"]) for r in rows] == [(i, b) for b in (1, 2) for i in GB.IMPLS]
+    for r in rows:
+        assert r["op"] == "generate" and r["dtype"] == "float32" and (r["prompt"], r["new_tokens"]) == (6, 3)
+        assert r["ms"] == 2.0 and r["tokens_per_s"] == pytest.approx(r["B"] * 3 / 2e-3)
+        assert r["prefill_ms"] == 4.0 and r["decode_ms"] == 2.0  # 4 ms over the 2 decode steps
+        assert r["rel_err"] < 1e-5, r
+        assert r["gbps"] == pytest.approx(r["step_mb"] * 2**20 / 2e-3 / 1e9)
+
+
+def test_step_bytes_counts_every_weight_once():
+    from final.generate_benchmark import step_bytes
+
+    base = build_model(0, config=SMALL)
+    used = sum(p.numel() for name, p in base.named_parameters() if not name.endswith("_emb.weight"))
+    C = SMALL.hidden
+    cache = SMALL.n_layer * 2 * 3 * SMALL.n_head * (10 + 4 / 2) * SMALL.head_dim
+    assert step_bytes(SMALL, 3, 10, 4, 2) == pytest.approx((used + 2 * 3 * C + cache) * 2)
