@@ -15,7 +15,7 @@ Figures per (impl, dtype, batch), each the median over REPS runs (CUDA events; o
     tokens_per_s    B * NEW_TOKENS / ms
     prefill_ms      the prompt's forward (with its cache writes), the first new token's logits
     decode_ms       the time per decode step after it (one new token per sequence, argmax included)
-    step_mb         the bytes a decode step must read at least: every weight it uses once (the
+    step_mb         the MB (10^6 bytes) a decode step must read at least: every weight it uses once (the
                     embedding tables' B rows only) and the K and V of the cache, at the mean cache
                     length over the steps (step_bytes)
     gbps            step_mb / decode_ms: against the DRAM ceiling, how memory-bound the steps are
@@ -125,7 +125,7 @@ def measure(impls, dtypes, batches, prompt: int, new_tokens: int, reps: int, dev
                 size = step_bytes(model.config, B, prompt, new_tokens, DTYPES[dtype_name].itemsize)
                 row = {"impl": impl, "op": "generate", "dtype": dtype_name, "B": B, "prompt": prompt,
                        "new_tokens": new_tokens, "ms": total, "tokens_per_s": B * new_tokens / (total * 1e-3),
-                       "prefill_ms": prefill, "decode_ms": decode, "step_mb": size / 2**20,
+                       "prefill_ms": prefill, "decode_ms": decode, "step_mb": size / 1e6,
                        "gbps": size / (decode * 1e-3) / 1e9, "rel_err": err}
                 rows.append(row)
                 print(f"  {dtype_name:8s} B={B:<3d} {impl:20s} {total:9.1f} ms {row['tokens_per_s']:10,.0f} tok/s  "

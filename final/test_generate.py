@@ -473,7 +473,7 @@ def test_benchmark_measure_rows_on_cpu(monkeypatch):
         assert r["ms"] == 2.0 and r["tokens_per_s"] == pytest.approx(r["B"] * 3 / 2e-3)
         assert r["prefill_ms"] == 4.0 and r["decode_ms"] == 2.0  # 4 ms over the 2 decode steps
         assert r["rel_err"] < 1e-5, r
-        assert r["gbps"] == pytest.approx(r["step_mb"] * 2**20 / 2e-3 / 1e9)
+        assert r["gbps"] == pytest.approx(r["step_mb"] * 1e6 / 2e-3 / 1e9)
 
 
 def test_step_bytes_counts_every_weight_once():
