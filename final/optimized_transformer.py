@@ -136,7 +136,7 @@ class OptimizedTransformer(nn.Module):
         With a cache (final.kv_cache.KVCache), idx are the next S tokens of every sequence it holds:
         their K and V are stored at positions cache.length .. cache.length + S - 1 and they attend
         to every cached key. On an empty cache that is the prefill (any S); after it, a step of at
-        most decode.MAX_SQ tokens (one, when generating)."""
+        most decode.MAX_SQ tokens (one, when generating). Inference only (under torch.no_grad())."""
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, S] tokens, got shape {tuple(idx.shape)}")
         B, S = idx.shape
@@ -167,6 +167,9 @@ class OptimizedTransformer(nn.Module):
     def _check_cache(self, cache: KVCache, B: int, S: int) -> None:
         """The cache fits this model and these tokens (metadata only: no GPU sync)."""
         c = self.config
+        if torch.is_grad_enabled() and self.tok_emb.weight.requires_grad:
+            raise RuntimeError("forward with a cache is inference only (decode.attention has no backward): "
+                               "run it under torch.no_grad(), as generate does")
         layers, _, batch, heads, max_len, head_dim = cache.kv.shape
         if (layers, heads, head_dim) != (c.n_layer, c.n_head, c.head_dim) or cache.kv.dtype != self.dtype:
             raise ValueError(f"cache must hold {c.n_layer} layers of {c.n_head} heads of D={c.head_dim} in "
