@@ -171,9 +171,9 @@ class OptimizedTransformer(nn.Module):
             raise RuntimeError("forward with a cache is inference only (decode.attention has no backward): "
                                "run it under torch.no_grad(), as generate does")
         layers, _, batch, heads, max_len, head_dim = cache.kv.shape
-        if (layers, heads, head_dim) != (c.n_layer, c.n_head, c.head_dim) or cache.kv.dtype != self.dtype:
+        if (layers, heads, head_dim) != (c.n_layer, c.n_head, c.head_dim) or cache.kv.dtype != self.tok_emb.weight.dtype:
             raise ValueError(f"cache must hold {c.n_layer} layers of {c.n_head} heads of D={c.head_dim} in "
-                             f"{self.dtype} (KVCache.for_model), got {cache!r}")
+                             f"{self.tok_emb.weight.dtype} (KVCache.for_model), got {cache!r}")
         if batch != B:
             raise ValueError(f"idx has {B} sequences but the cache holds {batch}")
         if cache.length + S > min(max_len, c.max_seq):
