@@ -6,6 +6,7 @@ a prompt of PROMPT tokens and NEW_TOKENS new ones per sequence, at batch BATCHES
 Implementations (IMPLS), all with the same weights and prompts:
     optimized             OptimizedTransformer.generate: the prefill through final.attention, the
                           decode steps through phase5_fused.decode over its KVCache
+    optimized_paged       the same with the cache in pages of PAGE_SIZE tokens (decode's page table)
     torch_sdpa            the phase 1 GPT (torch SDPA attention), the same loop and KVCache with its
                           step in plain PyTorch (final.generation.torch_step): the peer
     torch_sdpa_no_cache   the phase 1 GPT re-run on the whole sequence for every new token
@@ -42,10 +43,12 @@ RESULTS_PATH = HERE / "results" / "generation.json"
 QUICK_PATH = HERE / "results" / "quick" / "generation.json"
 
 PROMPT, NEW_TOKENS, BATCHES, REPS = 512, 256, (1, 16), 3
+PAGE_SIZE = 16
 QUICK = {"prompt": 64, "new_tokens": 16, "batches": (1, 16), "reps": 2}
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 IMPLS = {
     "optimized": "OptimizedTransformer.generate: final.attention prefill, phase5_fused.decode steps, KVCache",
+    "optimized_paged": f"the same, the KVCache in pages of {PAGE_SIZE} tokens",
     "torch_sdpa": "phase 1 GPT, torch SDPA, the same loop and KVCache with a plain PyTorch step",
     "torch_sdpa_no_cache": "phase 1 GPT, torch SDPA, the whole sequence re-run for every new token",
 }
@@ -63,7 +66,8 @@ def step_bytes(config, B: int, prompt: int, new_tokens: int, element_bytes: int)
 
 
 def build(dtype: torch.dtype, device="cuda") -> dict:
-    """{impl: (model, generate(idx, n) -> tokens, step(tokens, cache) -> logits or None)}, same weights."""
+    """{impl: (model, generate(idx, n) -> (tokens, logits), step(tokens, cache) -> logits or None,
+    page_size)}, the same weights."""
     from final import generation as G
     from final.optimized_transformer import OptimizedTransformer
     from phase1_baseline.pytorch_transformer import build_model
@@ -72,19 +76,21 @@ def build(dtype: torch.dtype, device="cuda") -> dict:
     fast = OptimizedTransformer.from_baseline(build_model(0, device), dtype=dtype)
     base_step = functools.partial(G.torch_step, base)
     return {
-        "optimized": (fast, functools.partial(fast.generate, return_logits=True), fast.forward),
-        "torch_sdpa": (base, functools.partial(G.generate, base, base_step, return_logits=True), base_step),
-        "torch_sdpa_no_cache": (base, functools.partial(G.greedy_without_cache, base), None),
+        "optimized": (fast, functools.partial(fast.generate, return_logits=True), fast.forward, None),
+        "optimized_paged": (fast, functools.partial(fast.generate, return_logits=True, page_size=PAGE_SIZE),
+                            fast.forward, PAGE_SIZE),
+        "torch_sdpa": (base, functools.partial(G.generate, base, base_step, return_logits=True), base_step, None),
+        "torch_sdpa_no_cache": (base, functools.partial(G.greedy_without_cache, base), None, None),
     }
 
 
-def split_ms(model, step, idx: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+def split_ms(model, step, idx: torch.Tensor, new_tokens: int, page_size: int | None = None) -> tuple[float, float]:
     """(prefill ms, ms per decode step) of one greedy generation, CUDA events around each part.
     step None: no cache, each step re-runs model on the whole sequence."""
     from final.kv_cache import KVCache
 
     B, S = idx.shape
-    cache = KVCache.for_model(model, B, S + new_tokens - 1) if step is not None else None
+    cache = KVCache.for_model(model, B, S + new_tokens - 1, page_size) if step is not None else None
     start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize()
     start.record()
@@ -116,12 +122,12 @@ def measure(impls, dtypes, batches, prompt: int, new_tokens: int, reps: int, dev
         for B in batches:
             idx = synthetic_batch(B, prompt, seed=B, device=device)
             for impl in impls:
-                model, generate, step = models[impl]
+                model, generate, step, page_size = models[impl]
                 tokens, logits = generate(idx, new_tokens)                     # warm-up, and the accuracy check
                 err = rel_error(logits, reference(tokens[:, :-1])[:, prompt - 1:])
                 total = statistics.median(timed_call(lambda: generate(idx, new_tokens))[1] for _ in range(reps))
                 prefill, decode = (statistics.median(x) for x in
-                                   zip(*(split_ms(model, step, idx, new_tokens) for _ in range(reps))))
+                                   zip(*(split_ms(model, step, idx, new_tokens, page_size) for _ in range(reps))))
                 size = step_bytes(model.config, B, prompt, new_tokens, DTYPES[dtype_name].itemsize)
                 row = {"impl": impl, "op": "generate", "dtype": dtype_name, "B": B, "prompt": prompt,
                        "new_tokens": new_tokens, "ms": total, "tokens_per_s": B * new_tokens / (total * 1e-3),

@@ -89,12 +89,14 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 
 def generate(model, step: Step, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, generator: torch.Generator | None = None, return_logits: bool = False):
+             top_k: int | None = None, generator: torch.Generator | None = None, return_logits: bool = False,
+             page_size: int | None = None):
     """idx [B, S] int64 prompts -> [B, S + max_new_tokens]: prefill, then one decode step per token.
 
     model: a phase 1 GPT or an OptimizedTransformer (its config, dtype and device size the cache);
     step: its step (module docstring). return_logits: also return the logits each new token was
-    chosen from, [B, max_new_tokens, vocab] in the model's dtype.
+    chosen from, [B, max_new_tokens, vocab] in the model's dtype. page_size: a paged cache
+    (KVCache), for a step that reads one.
     """
     config = model.config
     check_generate_args(idx, max_new_tokens, temperature, top_k, generator, config.max_seq)
@@ -103,7 +105,7 @@ def generate(model, step: Step, idx: torch.Tensor, max_new_tokens: int, temperat
     tokens, chosen_from = [idx], []
     if max_new_tokens > 0:
         # The last new token is returned, never fed back: the cache needs room for the others only.
-        cache = KVCache.for_model(model, B, S + max_new_tokens - 1)
+        cache = KVCache.for_model(model, B, S + max_new_tokens - 1, page_size)
         logits = step(idx, cache)[:, -1]                              # prefill: the whole prompt at once
         for i in range(max_new_tokens):
             token = next_token(logits, temperature, top_k, generator)
@@ -128,6 +130,8 @@ def torch_step(model, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
     Same computation as the GPT's forward (phase1_baseline.pytorch_transformer), except that the
     keys and values come from the cache: the new tokens' are written there first, then the new
     queries attend to the first `cache.length` of them (bottom-right causal among the new tokens)."""
+    if cache.page_table is not None:
+        raise ValueError("torch_step reads a contiguous cache (slices of it for SDPA), got a paged one")
     B, S = idx.shape
     H, D = model.config.n_head, model.config.head_dim
     start = cache.append(S)

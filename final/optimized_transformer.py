@@ -122,7 +122,7 @@ class OptimizedTransformer(nn.Module):
             cache.write(layer, start, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
             with record_function("attention"):  # the new queries against every cached key (flash-decoding)
                 out = decode.attention(qkv[:, :, 0].transpose(1, 2), cache.keys(layer), cache.values(layer),
-                                       cache.lengths)
+                                       cache.lengths, page_table=cache.page_table)
         return F.linear(merge_heads(out), attn.proj.weight, attn.proj.bias)
 
     def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
@@ -170,14 +170,14 @@ class OptimizedTransformer(nn.Module):
         if torch.is_grad_enabled() and self.tok_emb.weight.requires_grad:
             raise RuntimeError("forward with a cache is inference only (decode.attention has no backward): "
                                "run it under torch.no_grad(), as generate does")
-        layers, _, batch, heads, max_len, head_dim = cache.kv.shape
-        if (layers, heads, head_dim) != (c.n_layer, c.n_head, c.head_dim) or cache.kv.dtype != self.tok_emb.weight.dtype:
+        dtype = self.tok_emb.weight.dtype
+        if (cache.layers, cache.heads, cache.head_dim, cache.kv.dtype) != (c.n_layer, c.n_head, c.head_dim, dtype):
             raise ValueError(f"cache must hold {c.n_layer} layers of {c.n_head} heads of D={c.head_dim} in "
-                             f"{self.tok_emb.weight.dtype} (KVCache.for_model), got {cache!r}")
-        if batch != B:
-            raise ValueError(f"idx has {B} sequences but the cache holds {batch}")
-        if cache.length + S > min(max_len, c.max_seq):
-            raise ValueError(f"{S} more tokens after the cache's {cache.length} exceed its max_len={max_len} "
+                             f"{dtype} (KVCache.for_model), got {cache!r}")
+        if cache.batch != B:
+            raise ValueError(f"idx has {B} sequences but the cache holds {cache.batch}")
+        if cache.length + S > min(cache.max_len, c.max_seq):
+            raise ValueError(f"{S} more tokens after the cache's {cache.length} exceed its max_len={cache.max_len} "
                              f"or the model's max_seq={c.max_seq}")
         if cache.length > 0 and S > decode.MAX_SQ:
             raise ValueError(f"a step after the prefill takes at most decode.MAX_SQ={decode.MAX_SQ} tokens "
@@ -185,7 +185,7 @@ class OptimizedTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, return_logits: bool = False):
+                 generator: torch.Generator | None = None, return_logits: bool = False, page_size: int | None = None):
         """idx [B, S] int64 prompts (CUDA) -> [B, S + max_new_tokens] int64: the prompts and what follows.
 
         The prompt runs once (the prefill, final.attention, writing K and V of every layer into a
@@ -193,7 +193,8 @@ class OptimizedTransformer(nn.Module):
         temperature 0: greedy (argmax); > 0: sampled from softmax(logits / temperature), over the
         top_k most likely tokens if top_k is given, with `generator` (a CUDA torch.Generator) for
         reproducible draws. S + max_new_tokens must not exceed config.max_seq. return_logits: also
-        return the logits each new token was chosen from [B, max_new_tokens, vocab]. Every prompt of
+        return the logits each new token was chosen from [B, max_new_tokens, vocab]. page_size: keep
+        the cache in pages of that many tokens (decode.PAGE_SIZES; None: contiguous). Every prompt of
         the batch has the same length (ragged prompts: an exercise of final/README.md).
         """
         generation.check_generate_args(idx, max_new_tokens, temperature, top_k, generator, self.config.max_seq)
@@ -203,7 +204,8 @@ class OptimizedTransformer(nn.Module):
         device = self.tok_emb.weight.device
         if device.type not in GENERATE_DEVICES:
             raise ValueError(f"generate runs the course's CUDA kernels: the model is on {device}, move it to a GPU")
-        return generation.generate(self, self.forward, idx, max_new_tokens, temperature, top_k, generator, return_logits)
+        return generation.generate(self, self.forward, idx, max_new_tokens, temperature, top_k, generator,
+                                   return_logits, page_size)
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, attention={self.attention_mode!r}, mlp={self.mlp_impl!r}"

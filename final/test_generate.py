@@ -137,6 +137,30 @@ def test_kv_cache_append_write_and_bounds():
         KVCache(1, 1, 1, 0, 4, device="cpu")
 
 
+def test_paged_kv_cache_holds_what_the_contiguous_one_holds():
+    flat = KVCache(layers=2, batch=3, heads=2, max_len=40, head_dim=4, device="cpu")
+    paged = KVCache(layers=2, batch=3, heads=2, max_len=40, head_dim=4, device="cpu", page_size=16)
+    assert paged.kv.shape == (2, 2, 9, 2, 16, 4) and paged.keys(1).shape == (9, 2, 16, 4)
+    assert paged.page_table.dtype == torch.int32 and paged.page_table.shape == (3, 3)
+    assert sorted(paged.page_table.flatten().tolist()) == list(range(9))      # every page once
+    assert not torch.equal(paged.page_table.flatten(), torch.arange(9, dtype=torch.int32))  # shuffled
+    for cache in (flat, paged):
+        cache.kv.fill_(float("nan"))
+    for n in (17, 1, 15, 1):  # across page boundaries
+        kv = torch.randn(2, 3, 2, n, 4).transpose(3, 4).contiguous().transpose(3, 4)  # any strides
+        for cache in (flat, paged):
+            start = cache.append(n)
+            cache.write(1, start, kv)
+    assert paged.length == 34 and paged.lengths.tolist() == [34] * 3
+    assert torch.equal(paged.logical(1)[..., :34, :], flat.logical(1)[..., :34, :])
+    assert torch.isnan(paged.logical(1)[..., 34:, :]).all() and torch.isnan(paged.logical(0)).all()
+    with pytest.raises(ValueError, match=r"page_size must be None \(contiguous\) or one of decode.PAGE_SIZES"):
+        KVCache(1, 1, 1, 8, 4, device="cpu", page_size=8)
+    with pytest.raises(ValueError, match="reads a contiguous cache"):
+        G.torch_step(build_model(0, config=SMALL), torch.zeros(3, 1, dtype=torch.long),
+                     KVCache.for_model(build_model(0, config=SMALL), 3, 8, page_size=16))
+
+
 def test_kv_cache_for_model_takes_its_shape_dtype_and_device():
     cache = KVCache.for_model(build_model(0, config=SMALL).to(torch.bfloat16), batch=2, max_len=10)
     assert cache.kv.shape == (2, 2, 2, 2, 10, 64) and cache.kv.dtype == torch.bfloat16
@@ -240,9 +264,9 @@ def _stand_ins(monkeypatch):
         assert is_causal and q.shape == k.shape
         return reference.attention(q, k, v, is_causal=True).to(q.dtype)
 
-    def decode_attention(q, k_cache, v_cache, cache_lengths):
+    def decode_attention(q, k_cache, v_cache, cache_lengths, page_table=None):
         assert k_cache.is_contiguous() and cache_lengths.dtype == torch.int32 and q.shape[2] <= decode.MAX_SQ
-        return reference.decode_attention(q, k_cache, v_cache, cache_lengths).to(q.dtype)
+        return reference.decode_attention(q, k_cache, v_cache, cache_lengths, page_table=page_table).to(q.dtype)
 
     monkeypatch.setattr(OT, "cuda_attention_forward", prefill)
     monkeypatch.setattr(decode, "attention", decode_attention)
@@ -263,6 +287,16 @@ def test_forward_with_a_cache_is_inference_only():
     fast = _optimized(build_model(0, config=SMALL))
     with pytest.raises(RuntimeError, match="inference only.*torch.no_grad"):
         fast(torch.zeros(1, 3, dtype=torch.long), KVCache.for_model(fast, 1, 4))
+
+
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_optimized_generate_with_a_paged_cache_on_cpu_with_stand_in_kernels(monkeypatch, page_size):
+    _stand_ins(monkeypatch)
+    base = build_model(0, config=SMALL)
+    fast = _optimized(base)
+    idx = _prompt(3, 17, device="cpu")
+    tokens, logits = fast.generate(idx, 30, return_logits=True, page_size=page_size)
+    check_against_baseline(base, tokens, logits, 17, 30, torch.float32, G.greedy_without_cache(base, idx, 30))
 
 
 @torch.no_grad()
@@ -325,10 +359,11 @@ def test_cached_forward_traces_on_fake_cuda_tensors(monkeypatch):
         idx = torch.zeros(3, 37, dtype=torch.long, device="cuda")
         for dt, model in models.items():
             model = model.to("cuda")
-            cache = KVCache.for_model(model, 3, 48)
-            assert model(idx, cache).shape == (3, 37, 256)
-            assert model(idx[:, :1], cache).dtype == dt
-            assert model(idx[:, :5], cache).shape == (3, 5, 256) and cache.length == 43
+            for page_size in (None, 16):
+                cache = KVCache.for_model(model, 3, 48, page_size)
+                assert model(idx, cache).shape == (3, 37, 256)
+                assert model(idx[:, :1], cache).dtype == dt
+                assert model(idx[:, :5], cache).shape == (3, 5, 256) and cache.length == 43
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,6 +391,24 @@ def test_greedy_matches_the_baseline(gpu_models, B, S, N, dtype):
     assert torch.equal(tokens[:, :S], idx)
     ref_tokens = G.greedy_without_cache(base, idx, N) if dtype == torch.float32 else None
     check_against_baseline(base, tokens, logits, S, N, dtype, ref_tokens)
+
+
+@requires_gpu
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_greedy_with_a_paged_cache(gpu_models, dtype, page_size):
+    """The decode kernel reading K and V through the page table: the same checks, and the same
+    logits as the contiguous cache's."""
+    base, models = gpu_models
+    idx = _prompt(3, 33)
+    tokens, logits = models[dtype].generate(idx, 40, return_logits=True, page_size=page_size)
+    ref_tokens = G.greedy_without_cache(base, idx, 40) if dtype == torch.float32 else None
+    check_against_baseline(base, tokens, logits, 33, 40, dtype, ref_tokens)
+    with torch.no_grad():  # the contiguous cache's logits on the paged run's tokens
+        cache = KVCache.for_model(models[dtype], 3, 72)
+        flat = torch.cat([models[dtype](tokens[:, :33], cache)[:, -1:]] +
+                         [models[dtype](tokens[:, t:t + 1], cache) for t in range(33, 72)], dim=1)
+    assert rel_error(logits, flat) <= MODEL_TOLERANCE[dtype] / 4
 
 
 @requires_gpu
