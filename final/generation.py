@@ -90,13 +90,14 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 def generate(model, step: Step, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, generator: torch.Generator | None = None, return_logits: bool = False,
-             page_size: int | None = None):
+             page_size: int | None = None, decode_step: Step | None = None):
     """idx [B, S] int64 prompts -> [B, S + max_new_tokens]: prefill, then one decode step per token.
 
     model: a phase 1 GPT or an OptimizedTransformer (its config, dtype and device size the cache);
     step: its step (module docstring). return_logits: also return the logits each new token was
     chosen from, [B, max_new_tokens, vocab] in the model's dtype. page_size: a paged cache
-    (KVCache), for a step that reads one.
+    (KVCache), for a step that reads one. decode_step: the step of the decode phase, if not `step`
+    (a CUDAGraphStep).
     """
     config = model.config
     check_generate_args(idx, max_new_tokens, temperature, top_k, generator, config.max_seq)
@@ -106,18 +107,56 @@ def generate(model, step: Step, idx: torch.Tensor, max_new_tokens: int, temperat
     if max_new_tokens > 0:
         # The last new token is returned, never fed back: the cache needs room for the others only.
         cache = KVCache.for_model(model, B, S + max_new_tokens - 1, page_size)
+        decode_step = decode_step or step
         logits = step(idx, cache)[:, -1]                              # prefill: the whole prompt at once
         for i in range(max_new_tokens):
             token = next_token(logits, temperature, top_k, generator)
             tokens.append(token)
             chosen_from.append(logits)
             if i + 1 < max_new_tokens:
-                logits = step(token, cache)[:, -1]                    # decode: one token per sequence
+                logits = decode_step(token, cache)[:, -1]             # decode: one token per sequence
     out = torch.cat(tokens, dim=1)
     if not return_logits:
         return out
     empty = idx.new_empty((B, 0, config.vocab_size), dtype=model.tok_emb.weight.dtype)
     return out, torch.stack(chosen_from, dim=1) if chosen_from else empty
+
+
+class CUDAGraphStep:
+    """A decode step replayed from a CUDA graph: called as step(token, cache) like any step.
+
+    device_step(token [B, 1], cache) -> logits must read its position from cache.lengths on the GPU
+    and advance it there (OptimizedTransformer.decode_step), so that one recording serves every
+    step. The first call runs it eagerly on a side stream (a real step, which also loads and warms up
+    what capture cannot: the extensions, cuBLAS's handles), then records it reading a static token
+    buffer; each later call copies the token in and replays the ~50 kernels with one launch. The
+    host's cache.length is advanced here. One object serves one cache (the graph holds its tensors).
+    """
+
+    def __init__(self, device_step: Step):
+        self.device_step = device_step
+        self.graph = self.token = self.logits = None
+
+    def __call__(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if cache.length + 1 > cache.max_len:
+            raise ValueError(f"the cache holds {cache.length} of max_len={cache.max_len} tokens per sequence: "
+                             "no room for 1 more")
+        if self.graph is not None:
+            self.token.copy_(token)
+            self.graph.replay()
+            cache.length += 1
+            return self.logits.clone()  # the next replay overwrites self.logits
+        self.token = token.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            logits = self.device_step(self.token, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        cache.length += 1
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # recorded, not run: the cache is untouched until a replay
+            self.logits = self.device_step(self.token, cache)
+        return logits
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,7 +177,7 @@ def torch_step(model, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
     x = model.tok_emb(idx) + model.pos_emb(cache.positions[start:start + S])
     for layer, block in enumerate(model.blocks):
         qkv = block.attn.qkv(block.ln1(x)).view(B, S, 3, H, D)
-        cache.write(layer, start, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))    # [2, B, H, S, D]
+        cache.write(layer, slice(start, start + S), qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # [2, B, H, S, D]
         q = qkv[:, :, 0].transpose(1, 2)
         k, v = cache.keys(layer)[:, :, :start + S], cache.values(layer)[:, :, :start + S]
         if start == 0:        # prefill: causal among the prompt's tokens

@@ -3,7 +3,7 @@ each new token attends to them without recomputing them.
 
     cache = KVCache.for_model(model, batch=B, max_len=S + new_tokens)
     start = cache.append(n)              # n new tokens per sequence go to positions start .. start + n - 1
-    cache.write(layer, start, kv)        # kv [2, B, H, n, D]: the new tokens' K and V of one layer
+    cache.write(layer, slice(start, start + n), kv)   # kv [2, B, H, n, D]: the new tokens' K and V of one layer
     cache.keys(layer), cache.values(layer)   # [B, H, max_len, D], contiguous (what decode.attention reads)
     cache.lengths                        # [B] int32 on the cache's device: keys held per sequence
     cache.page_table                     # None, or [B, pages] int32 for a paged cache (page_size=...)
@@ -87,14 +87,14 @@ class KVCache:
         self.lengths.fill_(self.length)  # a scalar fill: one tiny kernel, no host-device sync
         return start
 
-    def write(self, layer: int, start: int, kv: torch.Tensor) -> None:
+    def write(self, layer: int, where, kv: torch.Tensor) -> None:
         """Store the new tokens' K and V (kv [2, B, H, n, D], any strides) of `layer` at positions
-        start .. start + n - 1 (one copy kernel for both; paged: one scatter through the page table)."""
-        end = start + kv.shape[3]
-        if self.page_table is None:
-            self.kv[layer, :, :, :, start:end].copy_(kv)
+        `where`: a slice start:start + n (known on the host), or a tensor of n positions on the
+        device (a step captured in a CUDA graph). One copy or scatter kernel for K and V together."""
+        if self.page_table is None:  # [2, B, H, max_len, D] at positions `where` of dim 3
+            self.kv[layer][:, :, :, where] = kv
         else:  # [2, P, H, page_size, D] indexed by page [B, n] and slot [n]: the value is [B, n, 2, H, D]
-            self.kv[layer][:, self.slot_page[:, start:end], :, self.slot[start:end]] = kv.permute(1, 3, 0, 2, 4)
+            self.kv[layer][:, self.slot_page[:, where], :, self.slot[where]] = kv.permute(1, 3, 0, 2, 4)
 
     def logical(self, layer: int) -> torch.Tensor:
         """K and V of `layer` in token order, [2, B, H, max_len, D] (a copy when paged; for tests)."""

@@ -105,21 +105,22 @@ class OptimizedTransformer(nn.Module):
 
     # --------------------------------------------------------------------------------------------
 
-    def _attention(self, attn, h: torch.Tensor, layer: int, cache: KVCache | None, start: int) -> torch.Tensor:
+    def _attention(self, attn, h: torch.Tensor, layer: int, cache: KVCache | None, where, prefill: bool) -> torch.Tensor:
         """proj(causal attention(qkv(h))): through the unified API without a cache or on an empty one
-        (the prefill, which also stores K and V), else decode.attention over the cache."""
+        (the prefill, which also stores K and V), else decode.attention over the cache. where: the
+        new tokens' positions in the cache (KVCache.write)."""
         B, S, C = h.shape
         H = attn.n_head
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, S, 3, H, C // H)
-        if cache is None or start == 0:
+        if prefill:
             qkv = qkv.permute(2, 0, 3, 1, 4).contiguous()  # one copy: [3, B, H, S, D]
             if cache is not None:
-                cache.write(layer, start, qkv[1:])
+                cache.write(layer, where, qkv[1:])
             q, k, v = qkv
             with record_function("attention"):
                 out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
         else:
-            cache.write(layer, start, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
+            cache.write(layer, where, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
             with record_function("attention"):  # the new queries against every cached key (flash-decoding)
                 out = decode.attention(qkv[:, :, 0].transpose(1, 2), cache.keys(layer), cache.values(layer),
                                        cache.lengths, page_table=cache.page_table)
@@ -143,11 +144,27 @@ class OptimizedTransformer(nn.Module):
         if cache is None:
             if S > self.config.max_seq:
                 raise ValueError(f"sequence length {S} exceeds max_seq {self.config.max_seq}")
-            start, positions = 0, torch.arange(S, device=idx.device)
-        else:
-            self._check_cache(cache, B, S)
-            start = cache.append(S)
-            positions = cache.positions[start:start + S]
+            return self._run(idx, torch.arange(S, device=idx.device), None, None, prefill=True)
+        self._check_cache(cache, B, S)
+        start = cache.append(S)
+        where = slice(start, start + S)
+        return self._run(idx, cache.positions[where], cache, where, prefill=start == 0)
+
+    def decode_step(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step, token [B, 1] -> logits [B, 1, vocab], with its position read on the GPU.
+
+        The work of forward(token, cache) after the prefill, but the position comes from
+        cache.lengths on the device (advanced there by one) instead of from the host, so nothing in
+        it changes from step to step: it can be captured in a CUDA graph and replayed
+        (final.generation.CUDAGraphStep). The caller advances cache.length and checks the room
+        (generate(cuda_graph=True) does both)."""
+        cache.lengths.add_(1)
+        position = cache.lengths[:1].long() - 1  # [1]: every sequence is at the same position
+        return self._run(token, position, cache, position, prefill=False)
+
+    def _run(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, where,
+             prefill: bool) -> torch.Tensor:
+        """The blocks: idx [B, S] at positions [S] -> logits [B, S, vocab] (forward's body)."""
         x = self.tok_emb(idx) + self.pos_emb(positions)
         blocks = list(self.blocks)
         norms = [b.ln1 for b in blocks[1:]] + [self.ln_f]  # the LayerNorm after each block's MLP
@@ -155,7 +172,7 @@ class OptimizedTransformer(nn.Module):
         with record_function("layer_norm"):
             h = p6.layer_norm(x, first.weight, first.bias, first.eps)
         for layer, (block, next_norm) in enumerate(zip(blocks, norms)):
-            a = self._attention(block.attn, h, layer, cache, start)
+            a = self._attention(block.attn, h, layer, cache, where, prefill)
             with record_function("layer_norm"):
                 h, x = p6.add_layer_norm(a, x, block.ln2.weight, block.ln2.bias, block.ln2.eps)
             with record_function("mlp"):
@@ -185,7 +202,8 @@ class OptimizedTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, return_logits: bool = False, page_size: int | None = None):
+                 generator: torch.Generator | None = None, return_logits: bool = False, page_size: int | None = None,
+                 cuda_graph: bool = False):
         """idx [B, S] int64 prompts (CUDA) -> [B, S + max_new_tokens] int64: the prompts and what follows.
 
         The prompt runs once (the prefill, final.attention, writing K and V of every layer into a
@@ -194,8 +212,10 @@ class OptimizedTransformer(nn.Module):
         top_k most likely tokens if top_k is given, with `generator` (a CUDA torch.Generator) for
         reproducible draws. S + max_new_tokens must not exceed config.max_seq. return_logits: also
         return the logits each new token was chosen from [B, max_new_tokens, vocab]. page_size: keep
-        the cache in pages of that many tokens (decode.PAGE_SIZES; None: contiguous). Every prompt of
-        the batch has the same length (ragged prompts: an exercise of final/README.md).
+        the cache in pages of that many tokens (decode.PAGE_SIZES; None: contiguous). cuda_graph:
+        replay the decode steps from a CUDA graph (decode_step, captured after the first step) instead
+        of launching their ~50 kernels from Python each time. Every prompt of the batch has the same
+        length (ragged prompts: an exercise of final/README.md).
         """
         generation.check_generate_args(idx, max_new_tokens, temperature, top_k, generator, self.config.max_seq)
         if self.config.head_dim not in decode.SUPPORTED_D:
@@ -204,8 +224,9 @@ class OptimizedTransformer(nn.Module):
         device = self.tok_emb.weight.device
         if device.type not in GENERATE_DEVICES:
             raise ValueError(f"generate runs the course's CUDA kernels: the model is on {device}, move it to a GPU")
+        decode_step = generation.CUDAGraphStep(self.decode_step) if cuda_graph else None
         return generation.generate(self, self.forward, idx, max_new_tokens, temperature, top_k, generator,
-                                   return_logits, page_size)
+                                   return_logits, page_size, decode_step)
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, attention={self.attention_mode!r}, mlp={self.mlp_impl!r}"

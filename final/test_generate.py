@@ -123,10 +123,10 @@ def test_kv_cache_append_write_and_bounds():
     assert cache.keys(1).shape == (3, 2, 6, 4) and cache.keys(1).is_contiguous() and cache.values(0).is_contiguous()
     assert cache.append(4) == 0 and cache.length == 4 and cache.lengths.tolist() == [4, 4, 4]
     kv = torch.randn(2, 3, 2, 4, 4)
-    cache.write(1, 0, kv)
+    cache.write(1, slice(0, 4), kv)
     assert cache.append(2) == 4 and cache.lengths.dtype == torch.int32 and cache.lengths.tolist() == [6, 6, 6]
     new = torch.randn(3, 1, 2, 2, 4).permute(1, 0, 2, 3, 4)[:, :, :, :1].expand(2, 3, 2, 2, 4)  # any strides
-    cache.write(1, 4, new)
+    cache.write(1, slice(4, 6), new)
     assert torch.equal(cache.keys(1)[:, :, :4], kv[0]) and torch.equal(cache.values(1)[:, :, :4], kv[1])
     assert torch.equal(cache.keys(1)[:, :, 4:], new[0]) and torch.equal(cache.values(1)[:, :, 4:], new[1])
     with pytest.raises(ValueError, match="holds 6 of max_len=6 tokens per sequence: no room for 1 more"):
@@ -150,7 +150,10 @@ def test_paged_kv_cache_holds_what_the_contiguous_one_holds():
         kv = torch.randn(2, 3, 2, n, 4).transpose(3, 4).contiguous().transpose(3, 4)  # any strides
         for cache in (flat, paged):
             start = cache.append(n)
-            cache.write(1, start, kv)
+            if n == 1:  # a position tensor, as a step captured in a CUDA graph gives
+                cache.write(1, torch.tensor([start]), kv)
+            else:
+                cache.write(1, slice(start, start + n), kv)
     assert paged.length == 34 and paged.lengths.tolist() == [34] * 3
     assert torch.equal(paged.logical(1)[..., :34, :], flat.logical(1)[..., :34, :])
     assert torch.isnan(paged.logical(1)[..., 34:, :]).all() and torch.isnan(paged.logical(0)).all()
@@ -299,6 +302,26 @@ def test_optimized_generate_with_a_paged_cache_on_cpu_with_stand_in_kernels(monk
     check_against_baseline(base, tokens, logits, 17, 30, torch.float32, G.greedy_without_cache(base, idx, 30))
 
 
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_decode_step_with_its_position_on_the_device_on_cpu_with_stand_in_kernels(monkeypatch, page_size):
+    """decode_step (what generate(cuda_graph=True) records) run eagerly: the same tokens and logits."""
+    _stand_ins(monkeypatch)
+    base = build_model(0, config=SMALL)
+    fast = _optimized(base)
+    idx = _prompt(3, 17, device="cpu")
+
+    def eager_decode_step(token, cache):  # what CUDAGraphStep does around each replay
+        logits = fast.decode_step(token, cache)
+        cache.length += 1
+        assert cache.lengths.tolist() == [cache.length] * 3
+        return logits
+
+    with torch.no_grad():
+        tokens, logits = G.generate(fast, fast.forward, idx, 25, return_logits=True, page_size=page_size,
+                                    decode_step=eager_decode_step)
+    check_against_baseline(base, tokens, logits, 17, 25, torch.float32, G.greedy_without_cache(base, idx, 25))
+
+
 @torch.no_grad()
 def test_optimized_forward_with_cache_on_cpu_with_stand_in_kernels(monkeypatch):
     """Prefill, a step of 5 tokens (bottom-right causal in decode.attention), then one: the forward's logits;
@@ -364,6 +387,7 @@ def test_cached_forward_traces_on_fake_cuda_tensors(monkeypatch):
                 assert model(idx, cache).shape == (3, 37, 256)
                 assert model(idx[:, :1], cache).dtype == dt
                 assert model(idx[:, :5], cache).shape == (3, 5, 256) and cache.length == 43
+                assert model.decode_step(idx[:, :1], cache).shape == (3, 1, 256)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,6 +433,31 @@ def test_greedy_with_a_paged_cache(gpu_models, dtype, page_size):
         flat = torch.cat([models[dtype](tokens[:, :33], cache)[:, -1:]] +
                          [models[dtype](tokens[:, t:t + 1], cache) for t in range(33, 72)], dim=1)
     assert rel_error(logits, flat) <= MODEL_TOLERANCE[dtype] / 4
+
+
+@requires_gpu
+@pytest.mark.parametrize("N", [1, 2, 20])
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_greedy_with_decode_steps_in_a_cuda_graph(gpu_models, dtype, page_size, N):
+    """generate(cuda_graph=True): the first decode step eager, the others replayed; the same checks,
+    and the eager generate's tokens and logits."""
+    base, models = gpu_models
+    idx = _prompt(3, 17)
+    tokens, logits = models[dtype].generate(idx, N, return_logits=True, page_size=page_size, cuda_graph=True)
+    ref_tokens = G.greedy_without_cache(base, idx, N) if dtype == torch.float32 else None
+    check_against_baseline(base, tokens, logits, 17, N, dtype, ref_tokens)
+    eager, eager_logits = models[dtype].generate(idx, N, return_logits=True, page_size=page_size)
+    if torch.equal(tokens, eager):
+        assert rel_error(logits, eager_logits) <= MODEL_TOLERANCE[dtype] / 4
+
+
+@requires_gpu
+def test_sampling_with_a_cuda_graph_is_reproducible(gpu_models):
+    fast, idx = gpu_models[1][torch.float16], _prompt(2, 9)
+    draws = [fast.generate(idx, 12, temperature=1.0, top_k=50, cuda_graph=True,
+                           generator=torch.Generator("cuda").manual_seed(5)) for _ in range(2)]
+    assert torch.equal(*draws) and bool(((draws[0] >= 0) & (draws[0] < 256)).all())
 
 
 @requires_gpu
