@@ -571,21 +571,33 @@ def test_benchmark_measure_rows_on_cpu(monkeypatch):
         def elapsed_time(self, other):
             return 4.0
 
+    class EagerGraphStep:  # CUDAGraphStep without the graph (none on a CPU): its device step, run eagerly
+        def __init__(self, device_step):
+            self.device_step = device_step
+
+        def __call__(self, token, cache):
+            logits = self.device_step(token, cache)
+            cache.length += 1
+            return logits
+
     _stand_ins(monkeypatch)
+    monkeypatch.setattr(G, "CUDAGraphStep", EagerGraphStep)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(utils.bench, "timed_call", lambda fn: (fn(), 2.0))
-    rows = GB.measure(list(GB.IMPLS), ["float32"], (1, 2), prompt=6, new_tokens=3, reps=1, device="cpu")
+    notes = []
+    rows = GB.measure(list(GB.IMPLS), ["float32"], (1, 2), prompt=6, new_tokens=3, reps=1, device="cpu", notes=notes)
+    assert not notes
     validate({"env": {k: "" for k in ("gpu", "sms", "torch", "cuda", "driver", "date", "commit")},
               "ceilings": {}, "rows": rows})
     assert [(r["impl"], r["B"]) for r in rows] == [(i, b) for b in (1, 2) for i in GB.IMPLS]
     for r in rows:
         assert r["op"] == "generate" and r["dtype"] == "float32" and (r["prompt"], r["new_tokens"]) == (6, 3)
         assert r["ms"] == 2.0 and r["tokens_per_s"] == pytest.approx(r["B"] * 3 / 2e-3)
-        assert r["prefill_ms"] == 4.0 and r["decode_ms"] == 2.0  # 4 ms over the 2 decode steps
+        assert r["prefill_ms"] == 4.0 and r["decode_ms"] == 4.0  # 4 ms over the one step after the first
         assert r["rel_err"] < 1e-5, r
-        assert r["gbps"] == pytest.approx(r["step_mb"] * 1e6 / 2e-3 / 1e9)
+        assert r["gbps"] == pytest.approx(r["step_mb"] * 1e6 / 4e-3 / 1e9)
 
 
 def test_step_bytes_counts_every_weight_once():
@@ -596,3 +608,14 @@ def test_step_bytes_counts_every_weight_once():
     C = SMALL.hidden
     cache = SMALL.n_layer * 2 * 3 * SMALL.n_head * (10 + 4 / 2) * SMALL.head_dim
     assert step_bytes(SMALL, 3, 10, 4, 2) == pytest.approx((used + 2 * 3 * C + cache) * 2)
+
+
+def test_benchmark_failures_are_noted_and_skipped(monkeypatch):
+    from final import generate_benchmark as GB
+
+    monkeypatch.setattr(GB, "build", lambda dtype, device: {"optimized": GB.Impl(None, lambda idx, n: 1 / 0)})
+    notes = []
+    assert GB.measure(["optimized"], ["float32"], (1,), 4, 3, 1, device="cpu", notes=notes) == []
+    assert notes == ["optimized float32 B=1: ZeroDivisionError: division by zero"]
+    with pytest.raises(ValueError, match="new_tokens must be at least 3"):
+        GB.measure(["optimized"], ["float32"], (1,), 4, 2, 1, device="cpu")
