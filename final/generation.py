@@ -88,6 +88,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
     return torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator)
 
 
+@torch.no_grad()
 def generate(model, step: Step, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, generator: torch.Generator | None = None, return_logits: bool = False,
              page_size: int | None = None, decode_step: Step | None = None):

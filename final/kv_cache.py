@@ -17,10 +17,11 @@ page_table [B, pages per sequence] int32: token t of sequence b lives in physica
 page_table[b, t // page_size] at slot t % page_size (decode.attention's page_table argument). The
 pages are handed out once, in a shuffled order, so that no sequence's pages are adjacent and every
 read really goes through the table; handing them out as sequences grow (and sharing a common
-prompt's pages) is what a server adds on top (final/README.md's exercises). Every sequence of the batch holds the same number of tokens
-(prompts of one length; ragged prompts are an exercise of final/README.md), so the length is known
-on the host (`length`, a Python int: no GPU sync to learn it) and mirrored on the device
-(`lengths`, the kernel's cache_lengths).
+prompt's pages) is what a server adds on top (final/README.md's exercises).
+
+Every sequence of the batch holds the same number of tokens (prompts of one length; ragged prompts
+are an exercise of final/README.md), so the length is known on the host (`length`, a Python int: no
+GPU sync to learn it) and mirrored on the device (`lengths`, the kernel's cache_lengths).
 """
 
 from __future__ import annotations
