@@ -105,7 +105,8 @@ class OptimizedTransformer(nn.Module):
 
     # --------------------------------------------------------------------------------------------
 
-    def _attention(self, attn, h: torch.Tensor, layer: int, cache: KVCache | None, where, prefill: bool) -> torch.Tensor:
+    def _attention(self, attn, h: torch.Tensor, layer: int, cache: KVCache | None, where,
+                   prefill: bool) -> torch.Tensor:
         """proj(causal attention(qkv(h))): through the unified API without a cache or on an empty one
         (the prefill, which also stores K and V), else decode.attention over the cache. where: the
         new tokens' positions in the cache (KVCache.write)."""
