@@ -19,9 +19,9 @@ Figures per (impl, dtype, batch), each the median over REPS runs (CUDA events; o
     prefill_ms      the prompt's forward (with its cache writes), the first new token's logits
     decode_ms       the time per decode step after the first (one new token per sequence, argmax
                     included; the graph's first step runs eagerly and records it)
-    step_mb         the MB (10^6 bytes) a decode step must read at least: every weight it uses once (the
-                    embedding tables' B rows only) and the K and V of the cache, at the mean cache
-                    length over the steps (step_bytes)
+    step_mb         the MB (10^6 bytes) a decode step with a cache must read at least: every weight it
+                    uses once (the embedding tables' B rows only) and the K and V of the cache, at the
+                    mean cache length over the steps (step_bytes); None without a cache
     gbps            step_mb / decode_ms: against the DRAM ceiling, how memory-bound the steps are
     rel_err         the logits generate returned (each new token's) against the FP32 phase 1 GPT's
                     on the same tokens: a broken kernel must not look fast
@@ -169,11 +169,13 @@ def measure(impls, dtypes, batches, prompt: int, new_tokens: int, reps: int, dev
                     notes.append(f"{name} {dtype_name} B={B}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                     print(f"  {dtype_name:8s} B={B:<3d} {name:20s} FAILED: {notes[-1]}", flush=True)
                     continue
+                # A cached step's least bytes; a step without a cache is a whole forward (no such model)
                 size = step_bytes(impl.model.config, B, prompt, new_tokens, DTYPES[dtype_name].itemsize)
+                cached = impl.step is not None
                 row = {"impl": name, "op": "generate", "dtype": dtype_name, "B": B, "prompt": prompt,
                        "new_tokens": new_tokens, "ms": total, "tokens_per_s": B * new_tokens / (total * 1e-3),
-                       "prefill_ms": prefill, "decode_ms": decode, "step_mb": size / 1e6,
-                       "gbps": size / (decode * 1e-3) / 1e9, "rel_err": err}
+                       "prefill_ms": prefill, "decode_ms": decode, "step_mb": size / 1e6 if cached else None,
+                       "gbps": size / (decode * 1e-3) / 1e9 if cached else None, "rel_err": err}
                 rows.append(row)
                 print(f"  {dtype_name:8s} B={B:<3d} {name:20s} {total:9.1f} ms {row['tokens_per_s']:10,.0f} tok/s  "
                       f"prefill {prefill:7.2f} ms  decode {decode:6.3f} ms/step  logits rel err {err:.1e}",
