@@ -37,11 +37,17 @@ from utils.build import op_loader
 from utils.checks import check_tensor, dim_in
 
 NAME = "phase5_fused_decode"
-SOURCES = ["decode_split.cu", "decode_merge.cu", "decode_ops.cpp"]
+SOURCES = ["decode_split.cu", "decode_split_tc.cu", "decode_merge.cu", "decode_ops.cpp"]
 SUPPORTED_D = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PAGE_SIZES = (16, 32, 64, 128, 256)
 MAX_SQ = 16
+# The split kernels (README "Two split kernels"): on CUDA cores (every dtype and D) or on tensor
+# cores (mma.sync; FP16/BF16 at D in TENSOR_CORE_D). kernel=None picks the tensor cores where they
+# take the inputs.
+KERNELS = ("cuda_cores", "tensor_cores")
+TENSOR_CORE_D = (64, 128)
+TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 # The most query rows (query heads of one KV head x new tokens) one block holds (decode.h kMaxRows).
 MAX_ROWS_PER_BLOCK = 16
 # Split heuristic: enough blocks for WAVES blocks per SM, each split at least MIN_KEYS_PER_SPLIT keys.
@@ -54,7 +60,8 @@ def _register_fakes() -> None:
     """Meta implementations, so torch.compile can trace the op without running it."""
 
     @torch.library.register_fake(f"{NAME}::attention")
-    def _attention_fake(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block):
+    def _attention_fake(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
+                        tensor_cores):
         B, H, Sq, _ = q.shape
         return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -101,7 +108,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, scale=None, num_splits=None):
+def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, scale=None, num_splits=None,
+                        kernel=None):
     """Shapes, dtypes and arguments first (any device, so they are testable on a CPU), then devices.
     Returns (B, H, Sq, D, H_kv, capacity). Raises TypeError / ValueError naming the argument."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -155,6 +163,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, sca
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be an integer in [1, {MAX_SPLITS}] or None, got {num_splits!r}")
+    check_kernel(kernel, q.dtype, D)
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_lengths", cache_lengths)]
     if page_table is not None:
         named.append(("page_table", page_table))
@@ -196,8 +205,26 @@ def check_cache_values(cache_lengths, page_table, Sq: int, capacity: int, num_pa
 # The op
 
 
+def choose_kernel(dtype: torch.dtype, D: int) -> str:
+    """The split kernel kernel=None picks: the tensor cores where they take the inputs."""
+    return "tensor_cores" if dtype in TENSOR_CORE_DTYPES and dim_in(D, TENSOR_CORE_D) else "cuda_cores"
+
+
+def check_kernel(kernel, dtype: torch.dtype, D: int) -> str:
+    """kernel (one of KERNELS, or None for choose_kernel), checked against the inputs."""
+    if kernel is None:
+        return choose_kernel(dtype, D)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
+    if kernel == "tensor_cores" and choose_kernel(dtype, D) != kernel:
+        raise ValueError(f"kernel='tensor_cores' takes {'/'.join(_dtype_name(d) for d in TENSOR_CORE_DTYPES)} with "
+                         f"D in {TENSOR_CORE_D}, got {_dtype_name(dtype)} and D={D}")
+    return kernel
+
+
 def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float | None = None,
-              num_splits: int | None = None, return_lse: bool = False, check_values: bool = False):
+              num_splits: int | None = None, return_lse: bool = False, check_values: bool = False,
+              kernel: str | None = None):
     """softmax(scale q k^T, bottom-right causal) v over each sequence's cached keys.
 
     q [B, H, Sq, D] (copied if not contiguous); k_cache, v_cache contiguous [B, H_kv, S_max, D], or
@@ -206,11 +233,13 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     scale: defaults to 1 / sqrt(D). num_splits: key ranges per sequence (None: chosen from the SM
     count and the shape, choose_num_splits). return_lse: also return the rows' natural logsumexp
     [B, H, Sq] (float32). check_values: check cache_lengths and page_table on the host first (a GPU
-    sync; without it a bad value gives NaN rows, see the module docstring).
+    sync; without it a bad value gives NaN rows, see the module docstring). kernel: the split
+    kernel, one of KERNELS (None: choose_kernel).
     Returns out [B, H, Sq, D] in q's dtype (and lse).
     """
     B, H, Sq, D, H_kv, capacity = check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table, scale,
-                                                      num_splits)
+                                                      num_splits, kernel)
+    kernel = check_kernel(kernel, q.dtype, D)
     if check_values:
         check_cache_values(cache_lengths, page_table, Sq, capacity, k_cache.shape[0])
     if scale is None:
@@ -222,5 +251,5 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
         device = q.device.index if q.device.index is not None else torch.cuda.current_device()
         num_splits = choose_num_splits(blocks, capacity, sm_count(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
-                                num_splits, block_rows)
+                                num_splits, block_rows, kernel == "tensor_cores")
     return (out, lse) if return_lse else out

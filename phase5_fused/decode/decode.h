@@ -1,4 +1,5 @@
-// Host interface of the decoding kernels (decode_split.cu, decode_merge.cu), called by decode_ops.cpp.
+// Host interface of the decoding kernels (decode_split.cu, decode_split_tc.cu, decode_merge.cu),
+// called by decode_ops.cpp.
 #pragma once
 
 #include <cstdint>
@@ -41,10 +42,18 @@ struct Params {
   float scale_log2;         // scale * log2(e): scores in base 2, so exp2 replaces exp
 };
 
+// Head dims and dtypes of the tensor-core split kernel (decode/__init__.py's TENSOR_CORE_D and
+// TENSOR_CORE_DTYPES name the same sets).
+inline bool tensor_core_head_dim(int64_t d) { return d == 64 || d == 128; }
+
 // One decoding step. Shapes, dtypes and devices are checked by the caller; o_part / lse_part are
-// fp32 workspaces when p.num_splits > 1. Launches the split kernel, then (num_splits > 1) the merge
-// kernel, on `stream`, and checks each launch.
-void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream);
+// fp32 workspaces when p.num_splits > 1. Launches the split kernel (on tensor cores if asked,
+// decode_split_tc.cu), then (num_splits > 1) the merge kernel, on `stream`, and checks each launch.
+void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores,
+                   cudaStream_t stream);
+
+// The tensor-core split kernel alone (FP16/BF16, tensor_core_head_dim).
+void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream);
 
 // The merge alone (decode_merge.cu): out and lse from the p.num_splits partials.
 void launch_merge(const Params& p, at::ScalarType dtype, int64_t D, cudaStream_t stream);

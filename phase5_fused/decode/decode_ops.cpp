@@ -1,8 +1,8 @@
 // Torch op of the decoding lesson (namespace phase5_fused_decode): validation that names the
-// argument, the workspaces, then the launch of decode_split.cu (and decode_merge.cu) on the current
-// CUDA stream.
-//   attention(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block)
-//     -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
+// argument, the workspaces, then the launch of decode_split.cu or decode_split_tc.cu (and
+// decode_merge.cu) on the current CUDA stream.
+//   attention(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
+//             tensor_cores) -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
 // The values of cache_lengths and page_table are not read here (that would wait for the GPU):
 // the kernel checks them and writes NaN rows for a bad sequence (phase5_fused/decode/README.md).
 #include <ATen/ATen.h>
@@ -43,7 +43,7 @@ void check_int_tensor(const at::Tensor& x, const char* name, int64_t dim, const 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                              const at::Tensor& cache_lengths,
                                              const c10::optional<at::Tensor>& page_table, double scale,
-                                             int64_t num_splits, int64_t rows_per_block) {
+                                             int64_t num_splits, int64_t rows_per_block, bool tensor_cores) {
   // q [B, H, Sq, D]: CUDA, contiguous, float16 / bfloat16 / float32, 1 <= Sq <= 16, D supported.
   TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
@@ -55,6 +55,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   TORCH_CHECK(Sq >= 1 && Sq <= kMaxSq, "q.size(2) (Sq, new tokens per sequence) must be in [1, ", kMaxSq, "], got ",
               Sq);
   TORCH_CHECK(phase5_decode::supported_head_dim(D), "head dim D=", D, " (q.size(3)) is not supported: use 64, 128 or 256");
+  TORCH_CHECK(!tensor_cores || ((q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
+                                phase5_decode::tensor_core_head_dim(D)),
+              "the tensor-core kernel takes float16 or bfloat16 q with D = 64 or 128, got ", q.scalar_type(),
+              " and D=", D);
 
   // k_cache / v_cache: contiguous [B, H_kv, S_max, D] or paged [num_pages, H_kv, page_size, D].
   check_cache_tensor(k_cache, "k_cache", q);
@@ -128,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.num_pages = static_cast<int>(k_cache.size(0));
   p.max_pages = static_cast<int>(max_pages);
   p.scale_log2 = static_cast<float>(scale) * 1.4426950408889634f;
-  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, c10::cuda::getCurrentCUDAStream());
+  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, tensor_cores, c10::cuda::getCurrentCUDAStream());
   return {out, lse};
 }
 
@@ -136,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 
 TORCH_LIBRARY(phase5_fused_decode, m) {
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, Tensor? page_table, "
-        "float scale, int num_splits, int rows_per_block) -> (Tensor, Tensor)");
+        "float scale, int num_splits, int rows_per_block, bool tensor_cores) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_decode, CUDA, m) { m.impl("attention", &attention); }

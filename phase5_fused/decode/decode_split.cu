@@ -22,25 +22,17 @@
 #include <atomic>
 #include <cmath>
 
-#include "common.cuh"
-#include "cp_async.cuh"
 #include "decode.h"
 #include "decode_common.cuh"
+#include "decode_stream.cuh"
 
 namespace phase5_decode {
 namespace {
 
-constexpr int kThreads = 128;
-
+// The K/V tile (decode_stream.cuh) and how this kernel's threads share its work.
 template <typename T, int D>
-struct Tile {
-  static constexpr int kVec = 16 / sizeof(T);               // elements per 16-byte copy
-  static constexpr int kChunks = D / kVec;                  // 16-byte chunks per key row
-  static constexpr int kBc = 16384 / (D * sizeof(T));       // keys per tile: 16 KB of K, 16 KB of V
-  static constexpr int kStride = D + kVec;                  // shared row padded by 16 bytes
-  static constexpr int kTileElems = kBc * kStride;
-  static constexpr int kRowsPerPass = kThreads / kChunks;   // key rows the block copies per pass
-  static constexpr int kPasses = kBc / kRowsPerPass;        // copies per thread per tensor and tile
+struct Tile : KvTile<T, D> {
+  using KvTile<T, D>::kBc;
   // Scores: thread t takes key t % kBc and the rows r = t / kBc + n * kThreadsPerKey.
   static constexpr int kThreadsPerKey = kThreads / kBc;
   static constexpr int kScoreRows = kMaxRows / kThreadsPerKey;
@@ -55,11 +47,8 @@ struct Tile {
   // probability from their own rows hit different banks.
   static constexpr int kSStride = kBc + kGroup;
 
-  static_assert(kThreads % kChunks == 0 && kBc % kRowsPerPass == 0, "the block copies whole key rows");
   static_assert(kThreads % kBc == 0 && kMaxRows % kThreadsPerKey == 0, "score threads cover the tile evenly");
   static_assert(kGroup <= 32 && 32 % kGroup == 0, "a row's group of threads lies inside one warp");
-  static_assert((kStride * sizeof(T) / 16) % 2 == 1,
-                "an odd number of 16-byte units per shared row: 8 threads reading 8 rows hit 8 bank groups");
 };
 
 template <typename T, int D>
@@ -103,27 +92,11 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
   const int64_t grow0 = static_cast<int64_t>(bh) * p.rows + row0;  // its index among all B * H * Sq rows
   const int64_t total_rows = static_cast<int64_t>(p.B) * p.H_kv * p.rows;
 
-  // 1. This split's keys [start, end): an equal share of the sequence's L keys, a whole number of
-  //    tiles (a split past the end gets none: its rows come out with lse = -inf, O = 0).
+  // 1-2. This split's keys [start, end) (decode_stream.cuh: an equal share of the sequence's L
+  //      keys, whole tiles); a bad length or page makes the block write NaN for its rows.
+  int start, end;
+  const bool bad = split_keys<Tl::kBc, kPaged>(p, b, split, start, end);
   const int L = p.lengths[b];
-  int bad = L < p.Sq || L > p.capacity;
-  int start = 0, end = 0;
-  if (!bad) {
-    const int per_split = course::ceil_div(course::ceil_div(L, p.num_splits), Tl::kBc) * Tl::kBc;
-    start = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(split) * per_split));
-    end = static_cast<int>(min(static_cast<int64_t>(L), static_cast<int64_t>(start) + per_split));
-  }
-
-  // 2. (paged) Every page entry this split reads must name a page of the cache. A bad length or
-  //    page makes the block write NaN for its rows, and nothing is read out of bounds.
-  if (kPaged && end > start) {
-    const int* table = p.page_table + static_cast<int64_t>(b) * p.max_pages;
-    for (int page = (start >> p.page_shift) + tid; page <= ((end - 1) >> p.page_shift); page += kThreads) {
-      const int physical = table[page];
-      bad |= physical < 0 || physical >= p.num_pages;
-    }
-  }
-  bad = __syncthreads_or(bad);
 
   float m[Tl::kPvRows], l[Tl::kPvRows], o[Tl::kPvRows][Tl::kPvWidth];  // running max, sum, output (base 2)
 #pragma unroll
@@ -143,43 +116,18 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     const T* q = static_cast<const T*>(p.q) + grow0 * D;
     for (int idx = tid; idx < rows * D; idx += kThreads) sQ[idx] = to_float(q[idx]) * p.scale_log2;
 
-    // Element offset of key `key` (of sequence b, KV head hk) in the cache: through the page table,
-    // or in the contiguous [B, H_kv, S_max, D] layout.
-    auto key_offset = [&](int key) -> int64_t {
-      if constexpr (kPaged) {
-        const int physical = __ldg(p.page_table + static_cast<int64_t>(b) * p.max_pages + (key >> p.page_shift));
-        const int slot = key & ((1 << p.page_shift) - 1);
-        return ((static_cast<int64_t>(physical) * p.H_kv + hk) * (int64_t{1} << p.page_shift) + slot) * D;
-      } else {
-        return (static_cast<int64_t>(bh) * p.capacity + key) * D;
-      }
-    };
-    const T* k_cache = static_cast<const T*>(p.k);
-    const T* v_cache = static_cast<const T*>(p.v);
-
-    // 4. Copy the tile of keys [tile_start, tile_start + kBc) of K and V into stage `stage`, each
-    //    thread the same 16-byte chunk of kPasses rows; rows at or past `end` are zero-filled.
-    auto load_tile = [&](int tile_start, int stage) {
-      const int chunk = tid % Tl::kChunks;
-#pragma unroll
-      for (int pass = 0; pass < Tl::kPasses; ++pass) {
-        const int r = tid / Tl::kChunks + pass * Tl::kRowsPerPass;
-        const bool valid = tile_start + r < end;
-        const int64_t offset = valid ? key_offset(tile_start + r) + chunk * Tl::kVec : 0;
-        const int at = stage * Tl::kTileElems + r * Tl::kStride + chunk * Tl::kVec;
-        course::cp_async_16(course::smem_u32(sK + at), k_cache + offset, valid);
-        course::cp_async_16(course::smem_u32(sV + at), v_cache + offset, valid);
-      }
-    };
+    // 4. K and V stream through two stages of shared memory (decode_stream.cuh): a tile's rows
+    //    at or past `end` are zero-filled.
+    const KvStream<T, D, kPaged> stream{p, b, hk, bh, end, sK, sV};
 
     const int num_tiles = course::ceil_div(end - start, Tl::kBc);
-    if (num_tiles > 0) load_tile(start, 0);
+    if (num_tiles > 0) stream.load(start, 0);
     course::cp_async_commit();
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t & 1;
       const int tile_start = start + t * Tl::kBc;
       // 5. Start copying the next tile into the other stage; it lands while this one is used.
-      if (t + 1 < num_tiles) load_tile(tile_start + Tl::kBc, stage ^ 1);
+      if (t + 1 < num_tiles) stream.load(tile_start + Tl::kBc, stage ^ 1);
       course::cp_async_commit();
       // 6. Wait for this tile's copies (all groups but the newest), then for every thread's.
       course::cp_async_wait<1>();
@@ -280,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 
   // 11. Write each row: O / l and its logsumexp (NaN for a bad length or page). One split writes
   //     the output in q's dtype and the natural-log lse; several write FP32 partials for the merge.
-  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as Step 11 here, once the teaching kernel's tests pass: for each of this thread's rows (r = group + n * kRowGroups, r < rows, global row grow0 + r), O / l (zeros when l = 0) and the logsumexp in log2 units, m + log2(l) (-inf when l = 0), both NaN when the block is `bad`; each lane of the row's group stores its kPvWidth outputs (store_from_float): with one split O in q's dtype into p.out and lse * ln 2 into p.lse (one lane per row), with several the FP32 O into p.o_part and the base-2 lse into p.lse_part at this split's slot (split * total_rows + row) for the merge (README: How the partial results merge exactly)
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as Step 11 here, once the teaching kernel's tests pass: for each of this thread's rows (r = group + n * kRowGroups, r < rows, global row grow0 + r), O / l (zeros when l = 0) and the logsumexp in log2 units, m + log2(l) (-inf when l = 0), both NaN when the block is `bad`; each lane of the row's group stores its kPvWidth outputs with store_result (decode_stream.cuh: one split writes O in q's dtype and the natural-log lse, several the FP32 partials for the merge), one lane per row also the lse (README: How the partial results merge exactly)
   const float nan = __int_as_float(0x7fffffff);
 #pragma unroll
   for (int n = 0; n < Tl::kPvRows; ++n) {
@@ -292,14 +240,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
       float out[Tl::kPvWidth];
 #pragma unroll
       for (int e = 0; e < Tl::kPvWidth; ++e) out[e] = o[n][e] * inv_l;
-      if (p.num_splits == 1) {
-        store_from_float<Tl::kPvWidth>(static_cast<T*>(p.out) + grow * D + group_lane * Tl::kPvWidth, out);
-        if (group_lane == 0) p.lse[grow] = lse2 * kLn2;
-      } else {
-        const int64_t at = split * total_rows + grow;
-        store_from_float<Tl::kPvWidth>(p.o_part + at * D + group_lane * Tl::kPvWidth, out);
-        if (group_lane == 0) p.lse_part[at] = lse2;
-      }
+      store_result<T, D>(p, split, total_rows, grow, group_lane * Tl::kPvWidth, out, lse2, group_lane == 0);
     }
   }
   // END SOLUTION
@@ -344,7 +285,13 @@ void launch_for_head_dim(const Params& p, int64_t D, bool paged, cudaStream_t st
 
 }  // namespace
 
-void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream) {
+void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores,
+                   cudaStream_t stream) {
+  if (tensor_cores) {
+    launch_split_tc(p, dtype, D, paged, stream);
+    if (p.num_splits > 1) launch_merge(p, dtype, D, stream);
+    return;
+  }
   switch (dtype) {
     case at::kHalf: launch_for_head_dim<__half>(p, D, paged, stream); break;
     case at::kBFloat16: launch_for_head_dim<__nv_bfloat16>(p, D, paged, stream); break;

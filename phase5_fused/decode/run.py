@@ -2,7 +2,8 @@
 
 1. One decoding step in FP16 (Sq = 1 new token, H = 32 query heads, H_kv = 8 KV heads, D = 128) on
    a full cache of S in {4K, 32K, 128K} keys, batch B in {1, 16, 64} (points whose K and V pass
-   MAX_KV_GB are skipped): phase5_decode on the contiguous cache, phase5_decode_paged on the same
+   MAX_KV_GB are skipped): phase5_decode on the contiguous cache (the default split kernel, on
+   tensor cores), phase5_decode_cuda_cores (the CUDA-core split kernel), phase5_decode_paged on the same
    values in shuffled pages of PAGE_SIZE keys, torch SDPA's flash and cuDNN backends with
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
    reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
@@ -75,6 +76,10 @@ def ours(q, k, v, lengths):
     return decode.attention(q, k, v, lengths)
 
 
+def ours_cuda_cores(q, k, v, lengths):
+    return decode.attention(q, k, v, lengths, kernel="cuda_cores")
+
+
 def to_pages(k, v, page_size: int, seed: int):
     """The contiguous cache [B, H_kv, S, D] as shuffled pages [B * S / page_size, H_kv, page_size, D]
     and the page table [B, S / page_size] (int32)."""
@@ -135,7 +140,9 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         ref = reference.decode_attention(q, k, v, lengths) if B * H * S <= REFERENCE_LIMIT else None
         blocks = B * H_KV * math.ceil(H // H_KV * SQ / decode.rows_per_block(H // H_KV * SQ))
         splits = decode.choose_num_splits(blocks, S, decode.sm_count(torch.cuda.current_device()))
-        rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits)]
+        rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits),
+                decode_row("phase5_decode_cuda_cores", ours_cuda_cores, (q, k, v, lengths), B, S, ref,
+                           num_splits=splits)]
         rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
         for name in SDPA:
             try:

@@ -1,5 +1,5 @@
-"""Every instantiation of the decoding kernels (dtype x D x contiguous / paged, one split and the
-merge), once, on small awkward sizes, checked against the float64 reference; run under
+"""Every instantiation of the decoding kernels (split kernel x dtype x D x contiguous / paged, one
+split and the merge), once, on small awkward sizes, checked against the float64 reference; run under
 compute-sanitizer by `python -m utils.sanitize phase5_fused.decode` (memcheck + racecheck).
 
 Sizes: ragged lengths (Sq, a tail inside a tile, a tile edge plus one, a longer one), a cache with
@@ -28,21 +28,25 @@ def main() -> int:
     cases = 0
     for dtype in decode.DTYPES:
         for D in decode.SUPPORTED_D:
+            kernels = {"cuda_cores", decode.choose_kernel(dtype, D)}
             for page_size in (None, 16):
                 q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, D, dtype, page_size, spare=40)
                 ref = reference.decode_attention(q, k, v, n, page_table=table)
-                for splits in (1, 3):
-                    out = decode.attention(q, k, v, n, page_table=table, num_splits=splits)
-                    assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype], seed_info=f"{info} splits={splits}")
-                    cases += 1
+                for kernel in sorted(kernels):
+                    for splits in (1, 3):
+                        out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel)
+                        assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
+                                     seed_info=f"{info} {kernel} splits={splits}")
+                        cases += 1
     # The NaN path: a length past the capacity, a page entry past the cache.
     q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, 64, torch.float16, 16, spare=40)
     n[1] = table.shape[1] * 16 + 1
     table[3, 2] = k.shape[0]
-    for splits in (1, 3):
-        out = decode.attention(q, k, v, n, page_table=table, num_splits=splits)
-        assert out[1].isnan().all() and out[3].isnan().all() and not out[[0, 2]].isnan().any(), info
-        cases += 1
+    for kernel in decode.KERNELS:
+        for splits in (1, 3):
+            out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel)
+            assert out[1].isnan().all() and out[3].isnan().all() and not out[[0, 2]].isnan().any(), info
+            cases += 1
     torch.cuda.synchronize()
     print(f"decoding attention: {cases} kernel launches correct")
     return 0

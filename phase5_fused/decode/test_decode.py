@@ -66,8 +66,10 @@ def run(q, k, v, lengths, table, **kwargs):
                          (B, H, Sq, D), (B, H, Sq), (splits, B * H * Sq, D), (splits, B * H * Sq))
 
 
-def check(q, k, v, lengths, table, info, scale=None, num_splits=None):
-    out, lse = run(q, k, v, lengths, table, scale=scale, num_splits=num_splits, return_lse=True)
+def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=None):
+    if kernel is not None and kernel != decode.choose_kernel(q.dtype, q.shape[-1]) and kernel != "cuda_cores":
+        pytest.skip(f"no {kernel} kernel for {q.dtype} at D={q.shape[-1]}")
+    out, lse = run(q, k, v, lengths, table, scale=scale, num_splits=num_splits, return_lse=True, kernel=kernel)
     ref, ref_lse = reference.decode_attention(q, k, v, lengths, page_table=table, scale=scale, return_lse=True)
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
@@ -80,14 +82,15 @@ def check(q, k, v, lengths, table, info, scale=None, num_splits=None):
 
 
 @requires_gpu
+@pytest.mark.parametrize("kernel", decode.KERNELS)
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "paged64"])
 @pytest.mark.parametrize("L", [1, 17, 1000, 4096, 32768])
 @pytest.mark.parametrize("Sq", [1, 2, 16])
-def test_lengths_and_new_tokens(Sq, L, layout):
+def test_lengths_and_new_tokens(Sq, L, layout, kernel):
     if L < Sq:
         pytest.skip("a cache shorter than the new tokens is invalid (tested in test_bad_lengths_give_nan)")
     B, H, H_kv = (1, 8, 2) if L >= 4096 else (2, 8, 2)
-    check(*make_case([L] * B, H, H_kv, Sq, 128, torch.float16, layout))
+    check(*make_case([L] * B, H, H_kv, Sq, 128, torch.float16, layout), kernel=kernel)
 
 
 @requires_gpu
@@ -95,29 +98,32 @@ def test_lengths_and_new_tokens(Sq, L, layout):
 @pytest.mark.parametrize("dtype", decode.DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("D", decode.SUPPORTED_D)
 @pytest.mark.parametrize("Sq", [1, 16])
-def test_head_dims_and_dtypes(Sq, D, dtype, layout):
-    """Every compiled kernel (dtype x D x layout), ragged lengths, forced splits and one split."""
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_head_dims_and_dtypes(kernel, Sq, D, dtype, layout):
+    """Every compiled kernel (split kernel x dtype x D x layout), ragged lengths, forced splits and one split."""
     case = make_case([Sq, 700, 1000], 4, 1, Sq, D, dtype, layout)
-    check(*case)
-    check(*case, num_splits=1)
-    check(*case, num_splits=5)
+    check(*case, kernel=kernel)
+    check(*case, num_splits=1, kernel=kernel)
+    check(*case, num_splits=5, kernel=kernel)
 
 
 @requires_gpu
 @pytest.mark.parametrize("page_size", decode.PAGE_SIZES)
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("Sq", [1, 2])
-def test_page_sizes_and_groups(Sq, group, page_size):
-    check(*make_case([1000, 17, 300, 2], 2 * group, 2, Sq, 128, torch.bfloat16, page_size))
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_page_sizes_and_groups(kernel, Sq, group, page_size):
+    check(*make_case([1000, 17, 300, 2], 2 * group, 2, Sq, 128, torch.bfloat16, page_size), kernel=kernel)
 
 
 @requires_gpu
 @pytest.mark.parametrize("H,H_kv,Sq", [(32, 1, 16), (6, 2, 16), (6, 3, 5), (12, 4, 3), (64, 8, 1)])
-def test_many_rows_per_kv_head(H, H_kv, Sq):
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_many_rows_per_kv_head(kernel, H, H_kv, Sq):
     """R = (H / H_kv) * Sq rows per KV head past one block (row chunks), uneven chunks, odd groups."""
     case = make_case([Sq + 40, 1500], H, H_kv, Sq, 64, torch.float16, None)
-    check(*case)
-    check(*case, num_splits=3)
+    check(*case, kernel=kernel)
+    check(*case, num_splits=3, kernel=kernel)
 
 
 @requires_gpu
@@ -138,25 +144,27 @@ def test_ragged_batch_with_spare_capacity(dtype):
 
 
 @requires_gpu
-def test_large_magnitude_scores():
-    """Scores of several hundred: the online softmax and the merge must not overflow."""
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_large_magnitude_scores(kernel):
+    """Scores of several hundred: the online softmax and the merges must not overflow."""
     q, k, v, lengths, table, info = make_case([3000, 200], 4, 2, 2, 128, torch.float16, None)
-    check(q * 8, k * 8, v, lengths, table, info, num_splits=6)
+    check(q * 8, k * 8, v, lengths, table, info, num_splits=6, kernel=kernel)
 
 
 @requires_gpu
+@pytest.mark.parametrize("kernel", decode.KERNELS)
 @pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "paged16"])
-def test_keys_past_the_length_are_never_used(layout):
+def test_keys_past_the_length_are_never_used(layout, kernel):
     """NaN in the cache past each length (and in free pages) must not reach the output."""
     q, k, v, lengths, table, info = make_case([70, 1000], 8, 2, 4, 128, torch.float16, layout, spare=200)
-    expected = run(q, k, v, lengths, table, num_splits=3)
+    expected = run(q, k, v, lengths, table, num_splits=3, kernel=kernel)
     if table is None:
         k[0, :, 70:] = float("nan")
         v[0, :, 70:] = float("nan")
         k[1, :, 1000:] = float("inf")
         v[1, :, 1000:] = float("nan")
     # (paged: make_case already fills every unused slot and page with NaN)
-    out = run(q, k, v, lengths, table, num_splits=3)
+    out = run(q, k, v, lengths, table, num_splits=3, kernel=kernel)
     assert torch.equal(out, expected), f"cache entries past the length reached the output {info}"
     assert not out.isnan().any(), info
 
@@ -220,7 +228,7 @@ def test_fake_tensor_shapes():
         q = torch.empty(2, 8, 3, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 2, 40, 64, dtype=torch.bfloat16, device="cuda")
         lengths = torch.empty(2, dtype=torch.int32, device="cuda")
-        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12)
+        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12, True)
     assert out.shape == (2, 8, 3, 64) and out.dtype == torch.bfloat16
     assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
 
@@ -242,13 +250,15 @@ def test_import_builds_nothing():
 
 
 @requires_gpu
+@pytest.mark.parametrize("kernel", decode.KERNELS)
 @pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "paged16"])
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_bad_lengths_give_nan_rows_only_there(num_splits, layout):
+def test_bad_lengths_give_nan_rows_only_there(num_splits, layout, kernel):
     q, k, v, lengths, table, info = make_case([500, 500, 500], 4, 2, 4, 64, torch.float16, layout)
     capacity = k.shape[2] if table is None else table.shape[1] * k.shape[2]
     bad = torch.tensor([500, 3, capacity + 1], dtype=torch.int32, device="cuda")  # ok, < Sq, > capacity
-    out, lse = decode.attention(q, k, v, bad, page_table=table, num_splits=num_splits, return_lse=True)
+    out, lse = decode.attention(q, k, v, bad, page_table=table, num_splits=num_splits, return_lse=True,
+                                kernel=kernel)
     assert out[1:].isnan().all() and lse[1:].isnan().all(), f"bad lengths must give NaN rows {info}"
     ref = reference.decode_attention(q[:1], k if table is not None else k[:1], v if table is not None else v[:1],
                                      bad[:1], page_table=None if table is None else table[:1])
@@ -260,13 +270,14 @@ def test_bad_lengths_give_nan_rows_only_there(num_splits, layout):
 
 
 @requires_gpu
+@pytest.mark.parametrize("kernel", decode.KERNELS)
 @pytest.mark.parametrize("num_splits", [1, 6])
 @pytest.mark.parametrize("entry", [-1, 10**6])
-def test_bad_page_entries_give_nan_rows_only_there(entry, num_splits):
+def test_bad_page_entries_give_nan_rows_only_there(entry, num_splits, kernel):
     q, k, v, lengths, table, info = make_case([1000, 1000], 4, 2, 1, 64, torch.float16, 16, spare=200)
     table[1, 40] = entry  # a page sequence 1 uses
     table[0, math.ceil(1000 / 16):] = 10**6  # entries past sequence 0's pages: never read, harmless
-    out = decode.attention(q, k, v, lengths, page_table=table, num_splits=num_splits)
+    out = decode.attention(q, k, v, lengths, page_table=table, num_splits=num_splits, kernel=kernel)
     assert out[1].isnan().all(), f"a bad page must make its sequence's rows NaN {info}"
     assert not out[0].isnan().any(), info
     with pytest.raises(ValueError, match=r"page_table\[1, 40\]"):
@@ -306,6 +317,9 @@ BAD_INPUTS = {
     "lengths not a tensor": (lambda q, k, v, n: (q, k, v, [64, 64]), {}, TypeError, "cache_lengths"),
     "scale": (lambda q, k, v, n: (q, k, v, n), {"scale": float("nan")}, ValueError, "scale"),
     "num_splits": (lambda q, k, v, n: (q, k, v, n), {"num_splits": 0}, ValueError, "num_splits"),
+    "kernel name": (lambda q, k, v, n: (q, k, v, n), {"kernel": "wgmma"}, ValueError, "kernel must be one of"),
+    "kernel for FP32": (lambda q, k, v, n: (q.float(), k.float(), v.float(), n), {"kernel": "tensor_cores"},
+                        ValueError, "kernel='tensor_cores' takes"),
     "on the CPU": (lambda q, k, v, n: (q, k, v, n), {}, ValueError, "must be a CUDA tensor"),
 }
 
@@ -346,6 +360,15 @@ def test_value_checks_on_the_cpu():
     table[1, 2] = -1
     with pytest.raises(ValueError, match=r"page_table\[1, 2\] = -1"):
         decode.check_cache_values(lengths, table, Sq=1, capacity=64, num_pages=8)
+
+
+def test_kernel_choice():
+    """kernel=None takes the tensor cores exactly where they take the inputs."""
+    for dtype in decode.DTYPES:
+        for D in decode.SUPPORTED_D:
+            tc = dtype in decode.TENSOR_CORE_DTYPES and D in decode.TENSOR_CORE_D
+            assert decode.choose_kernel(dtype, D) == ("tensor_cores" if tc else "cuda_cores")
+    assert set(decode.TENSOR_CORE_D) <= set(decode.SUPPORTED_D)
 
 
 def test_split_heuristic():
@@ -405,14 +428,16 @@ def test_bad_devices_and_layouts(case, message):
     ({"num_splits": 0}, "num_splits"),
     ({"rows_per_block": 17}, "rows_per_block"),
     ({"lengths_dtype": torch.int64}, "cache_lengths must be int32"),
+    ({"tensor_cores": True, "dtype": torch.float32}, "tensor-core kernel takes"),
 ])
 def test_the_op_checks_again(args, message):
     """The C++ op repeats the checks (TORCH_CHECK) for callers that skip the Python API."""
     H, Sq, page_size = args.get("H", 8), args.get("Sq", 1), args.get("page_size", 16)
-    q = torch.randn(2, H, Sq, 64, device="cuda", dtype=torch.float16)
-    k = torch.randn(8, 4, page_size, 64, device="cuda", dtype=torch.float16)
+    dtype = args.get("dtype", torch.float16)
+    q = torch.randn(2, H, Sq, 64, device="cuda", dtype=dtype)
+    k = torch.randn(8, 4, page_size, 64, device="cuda", dtype=dtype)
     table = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
     lengths = torch.full((2,), 32, dtype=args.get("lengths_dtype", torch.int32), device="cuda")
     with pytest.raises(RuntimeError, match=message):
         decode.load().attention(q, k, k, lengths, table, 0.125, args.get("num_splits", 1),
-                                args.get("rows_per_block", 8))
+                                args.get("rows_per_block", 8), args.get("tensor_cores", False))

@@ -25,15 +25,16 @@ from utils.build import op_loader
 from utils.checks import check_attention_inputs, dim_in
 
 NAME = "phase5_fused_hopper"
-SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu", "hopper_ops.cpp"]
+SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
+           "hopper_v4_pingpong.cu", "hopper_ops.cpp"]
 # wgmma, setmaxnreg and TMA's tensor copies exist only on the architecture-specific target sm_90a; a
 # -gencode here replaces TORCH_CUDA_ARCH_LIST's targets for this extension (utils.build.load_phase).
 CUDA_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 SUPPORTED_D = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
-VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap")
-DEFAULT_VERSION = "v2_warp_specialized"
+VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingpong")
+DEFAULT_VERSION = "v4_pingpong"
 # The GPU these kernels run on (compute capability).
 HOPPER = (9, 0)
 

@@ -1,5 +1,6 @@
 // Host interface of the Hopper attention kernels (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu,
-// hopper_v3_intra_overlap.cu),
+// hopper_v3_intra_overlap.cu,
+// hopper_v4_pingpong.cu),
 // called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
 #pragma once
 
@@ -24,7 +25,8 @@ struct Params {
   float* lse;                 // [B, H, Sq] natural-log logsumexp, or nullptr
   const int* key_lengths;     // [B] clamped to [0, Sk], or nullptr (every key valid)
   int B, H, Sq, Sk;
-  float scale_log2;           // scale * log2(e): scores in log2 units, exp(x) = 2^(x log2 e)
+  int H_kv;                   // K/V heads: query head h reads K/V head h / (H / H_kv)
+  float scale_log2;           // c = scale * log2(e) > 0: exp(scale x) = 2^(c x)
   int causal;                 // query i sees keys j <= i (top-left aligned)
 };
 
@@ -39,5 +41,6 @@ enum class Dtype { kFloat16, kBFloat16 };
 void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
 }  // namespace hopper

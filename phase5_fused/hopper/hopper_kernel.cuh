@@ -2,7 +2,8 @@
 // steps of FlashAttention's inner loop (S = Q K^T on wgmma, mask, online softmax, O += P V on
 // wgmma) and the epilogue. The versions differ in who issues the TMA copies, how the warps wait
 // for them, and in what order a warpgroup issues and waits for its matmuls (hopper_v1_wgmma_tma.cu,
-// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu).
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu; v2-v4 share
+// hopper_pipeline.cuh).
 //
 // Paper notation (Shah et al., "FlashAttention-3", Algorithm 1): a block of kBM query rows Q_i
 // stays in shared memory; for each block j of kBN keys: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
@@ -34,7 +35,7 @@ static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
 // D / 64 panels of R rows x 128 bytes, each panel 1024-byte aligned.
 //   Q        kBM x D                 (reused for the output tile at the end)
 //   K, V     kStages x (kBN x D) each
-//   barriers full_q, full_k[kStages], full_v[kStages], empty[kStages]
+//   barriers full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages], zeroed_v
 //   scratch  2 floats per consumer thread (v3 stores its row sums there to pin the softmax)
 template <int D, int kStages>
 struct Smem {
@@ -47,7 +48,7 @@ struct Smem {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKVBytes;
   static constexpr int kBarriers = kV + kStages * kKVBytes;
-  static constexpr int kBarrierCount = 1 + 3 * kStages;
+  static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kScratch = kBarriers + ((kBarrierCount * 8 + 15) / 16) * 16;
   // + 1024: the dynamic shared memory is only 16-byte aligned; the kernel rounds its base up.
   static constexpr int kBytes = kScratch + 2 * kConsumers * kWarpgroup * 4 + 1024;
@@ -83,6 +84,32 @@ struct Visibility {
   int causal;
 };
 
+// Which query rows and which K/V a block works on, and how many key blocks it visits.
+struct Block {
+  int m0;         // first query row of the kBM-row tile
+  int bh;         // matrix of q and o: batch * H + head
+  int kv_bh;      // matrix of k and v: batch * H_kv + the head's KV head
+  Visibility vis;
+  int n_blocks;   // key blocks visited: up to the last visible key
+};
+
+__device__ __forceinline__ Block block_of(const Params& p) {
+  Block b;
+  b.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM;  // long causal rows start first
+  b.bh = blockIdx.z * p.H + blockIdx.y;
+  b.kv_bh = blockIdx.z * p.H_kv + blockIdx.y / (p.H / p.H_kv);
+  b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
+  const int kv_end = p.causal ? min(b.vis.kv_len, b.m0 + kBM) : b.vis.kv_len;
+  b.n_blocks = (kv_end + kBN - 1) / kBN;
+  return b;
+}
+
+// True when key block j holds keys past the batch's key_lengths that are still inside Sk: rows
+// that TMA read from memory (anything, even NaN) and that must be zeroed before O += P V_j.
+__device__ __forceinline__ bool holds_padding(const Visibility& vis, int Sk, int j) {
+  return vis.kv_len < Sk && j * kBN + kBN > vis.kv_len;
+}
+
 // S = Q K^T for this warpgroup's 64 rows and the kBN keys of a stage: D / 16 wgmmas (k = 16 each),
 // the first one overwriting S (scale_d = 0), issued but neither committed nor waited for.
 // q_base: the warpgroup's first row in the Q tile.
@@ -108,30 +135,30 @@ __device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, ui
   fence_operand(s);
 }
 
-// Scale S into log2 units; where the block needs it (keys past kv_len, the causal diagonal) hidden
-// scores become -inf. row0: the sequence row of this thread's first row (g); n0: the block's first key.
-__device__ __forceinline__ void scale_and_mask(float (&s)[kBN / 2], float scale_log2, int row0, int n0,
-                                               const Visibility& vis, bool need_mask) {
+// Where the block needs it (keys past kv_len, the causal diagonal), hidden scores become -inf.
+// row0: the sequence row of this thread's first row (g); n0: the block's first key.
+__device__ __forceinline__ void mask_scores(float (&s)[kBN / 2], int row0, int n0, const Visibility& vis,
+                                            bool need_mask) {
+  if (!need_mask) return;
   const int t = static_cast<int>(threadIdx.x % 4);
 #pragma unroll
   for (int idx = 0; idx < kBN / 2; ++idx) {
-    float x = s[idx] * scale_log2;
-    if (need_mask) {
-      const int i = row0 + ((idx % 4) / 2) * 8;             // row g or g + 8
-      const int j = n0 + (idx / 4) * 8 + 2 * t + idx % 2;   // n8 tile idx / 4, column 2t or 2t + 1
-      if (j >= vis.kv_len || (vis.causal && j > i)) x = -CUDART_INF_F;
-    }
-    s[idx] = x;
+    const int i = row0 + ((idx % 4) / 2) * 8;             // row g or g + 8
+    const int j = n0 + (idx / 4) * 8 + 2 * t + idx % 2;   // n8 tile idx / 4, column 2t or 2t + 1
+    if (j >= vis.kv_len || (vis.causal && j > i)) s[idx] = -CUDART_INF_F;
   }
 }
 
-// Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8): m_new =
-// max(m, rowmax(S)), P = 2^(S - m_new) in place of S, l = alpha l + rowsum(P) with alpha =
-// 2^(m - m_new), returned for the O rescale. A row's kBN scores are spread over the 4 lanes of its
+// Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8), in log2 units
+// (c = scale log2 e > 0, m in those units): m_new = max(m, c rowmax(S)), P = 2^(c S - m_new) in
+// place of S (one FFMA and one ex2 per score: the scale is folded into the exponent's argument),
+// l = alpha l + rowsum(P) with alpha = 2^(m - m_new), returned for the O rescale. c > 0 lets the
+// max run on the unscaled scores (the host turns scale <= 0 into that case). A row's kBN scores are spread over the 4 lanes of its
 // quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
 // visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
-__device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 3 here, once the teaching kernel's tests pass: on this thread's two rows (h = 0: row g, h = 1: row g + 8) of the wgmma S fragment, whose kBN scores are spread over the 4 lanes of a quad (a row's max needs two shuffles); the scores are already in log2 units (tc::exp2_approx), P replaces S in place, l stays the lane's partial sum, and the rescale factor alpha is returned instead of applied to O (rescale_o below does that; v3 calls it later) (README: Design)
+__device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float c, float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 3 here, once the teaching kernel's tests pass: on this thread's two rows (h = 0: row g, h = 1: row g + 8) of the wgmma S fragment, whose kBN scores are spread over the 4 lanes of a quad (a row's max needs two shuffles); the scale c = scale log2 e > 0 is folded into the exponent (P = 2^(c S - m), m in log2 units, tc::exp2_approx), P replaces S in place, l stays the lane's partial sum, and the rescale factor alpha is returned instead of applied to O (rescale_o below does that; v3 calls it later) (README: Design)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float row_max = -CUDART_INF_F;
@@ -139,7 +166,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2],
     for (int j = 0; j < kBN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-    const float m_new = fmaxf(m[h], row_max);
+    const float m_new = fmaxf(m[h], row_max * c);
     const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
     alpha[h] = tc::exp2_approx(m[h] - m_use);
     m[h] = m_new;
@@ -148,7 +175,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float (&m)[2],
     for (int j = 0; j < kBN / 8; ++j) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[4 * j + e] = tc::exp2_approx(s[4 * j + e] - m_use);
+        s[4 * j + e] = tc::exp2_approx(fmaf(s[4 * j + e], c, -m_use));
         row_sum += s[4 * j + e];
       }
     }
@@ -171,9 +198,10 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha
 
 // The softmax step and the O rescale together (v1, v2).
 template <int D>
-__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&o)[D / 2]) {
+__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float c, float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 2]) {
   float alpha[2];
-  softmax_step(s, m, l, alpha);
+  softmax_step(s, c, m, l, alpha);
   rescale_o<D>(o, alpha);
 }
 

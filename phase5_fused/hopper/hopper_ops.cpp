@@ -1,7 +1,7 @@
 // Torch op of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
 // the argument, the TMA tensor maps, then the launch of one version on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
-// lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1, 2 or 3 (hopper_v*.cu).
+// lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               "q must be float16 or bfloat16 for the Hopper kernel, got ", q.scalar_type());
   const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
-  TORCH_CHECK(version >= 1 && version <= 3, "version must be 1, 2 or 3, got ", version);
+  TORCH_CHECK(version >= 1 && version <= 4, "version must be 1, 2, 3 or 4, got ", version);
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max() &&
                   s.B * s.H <= std::numeric_limits<int>::max(),
               "q and k sequence lengths and B * H must fit in int32");
@@ -89,8 +89,19 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   at::Tensor lse = return_lse ? at::empty({s.B, s.H, s.Sq}, q.options().dtype(at::kFloat))
                               : at::empty({0}, q.options().dtype(at::kFloat));
 
+  // The kernels fold c = scale log2 e into the exponent and take the row max of the unscaled
+  // scores, which needs c > 0. Otherwise, the same scores from a copy of q: q -> -q with -scale,
+  // and a scale that is zero in FP32 (all scores 0) as q -> 0 with c = 1.
+  float c = static_cast<float>(scale) * 1.4426950408889634f;
+  at::Tensor q_in = q;
+  if (!(c > 0.0f)) {
+    c = -c;
+    q_in = c > 0.0f ? q.neg() : at::zeros_like(q);
+    if (!(c > 0.0f)) c = 1.0f;
+  }
+
   hopper::Params p;
-  p.q_map = make_tensor_map(q, hopper::kBM);
+  p.q_map = make_tensor_map(q_in, hopper::kBM);
   p.k_map = make_tensor_map(k, hopper::kBN);
   p.v_map = make_tensor_map(v, hopper::kBN);
   p.o = out.data_ptr();
@@ -98,9 +109,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.key_lengths = lengths.defined() ? lengths.data_ptr<int>() : nullptr;
   p.B = static_cast<int>(s.B);
   p.H = static_cast<int>(s.H);
+  p.H_kv = static_cast<int>(k.size(1));
   p.Sq = static_cast<int>(s.Sq);
   p.Sk = static_cast<int>(s.Sk);
-  p.scale_log2 = static_cast<float>(scale) * 1.4426950408889634f;
+  p.scale_log2 = c;
   p.causal = is_causal ? 1 : 0;
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -109,8 +121,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     hopper::launch_v1(p, D, dtype, stream);
   } else if (version == 2) {
     hopper::launch_v2(p, D, dtype, stream);
-  } else {
+  } else if (version == 3) {
     hopper::launch_v3(p, D, dtype, stream);
+  } else {
+    hopper::launch_v4(p, D, dtype, stream);
   }
   return {out, lse};
 }

@@ -104,6 +104,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Count this thread's warp as arrived at barrier `id` (of `threads` threads) without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Every thread of the warpgroup must execute these, with the same count (a multiple of 8, 24..256).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -34,13 +34,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   uint64_t* full_v = full_k + kStages;
 
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;  // this thread's 64 rows
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // long causal rows start first
-  const int m0 = m_block * kBM;
-  const int bh = blockIdx.z * p.H + blockIdx.y;
-  const Visibility vis{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
-  // Key blocks this query block visits: the valid keys, with causal only up to the last row's diagonal.
-  const int kv_end = p.causal ? min(vis.kv_len, m0 + kBM) : vis.kv_len;
-  const int n_blocks = (kv_end + kBN - 1) / kBN;
+  // The query tile, its K/V, and the key blocks it visits: the valid keys, with causal only up to
+  // the last row's diagonal.
+  const Block b = block_of(p);
+  const int m0 = b.m0, bh = b.bh, n_blocks = b.n_blocks;
+  const Visibility vis = b.vis;
 
   // Barriers: one arrival (thread 0's expect_tx) plus the TMA bytes complete each phase.
   if (threadIdx.x == 0) {
@@ -56,8 +54,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   // Load Q_i and the first kStages blocks of K, V (nothing at all when no key is visible).
   auto load_kv = [&](int j) {
     const int s = j % kStages;
-    load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &full_k[s], j * kBN, bh);
-    load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, bh);
+    load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &full_k[s], j * kBN, b.kv_bh);
+    load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, b.kv_bh);
   };
   if (threadIdx.x == 0 && n_blocks > 0) {
     tma_prefetch_map(&p.q_map);
@@ -91,11 +89,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
     qk_gemm<T, D>(sc, q_base, smem_addr(sK));
     // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
     const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
-    scale_and_mask(sc, p.scale_log2, row0, n0, vis, need_mask);
-    online_softmax<D>(sc, m, l, o);
+    mask_scores(sc, row0, n0, vis, need_mask);
+    online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j: the block that holds the end of the batch's keys gets its padded rows zeroed first.
     mbarrier_wait(&full_v[s], parity);
-    if (vis.kv_len < p.Sk && n0 + kBN > vis.kv_len)
+    if (holds_padding(vis, p.Sk, j))
       zero_padded_rows<D>(sV, vis.kv_len - n0, static_cast<int>(threadIdx.x), kThreads, 1);
     // O += P V_j.
     pv_gemm<T, D>(o, sc, smem_addr(sV));

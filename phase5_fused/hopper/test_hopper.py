@@ -167,10 +167,13 @@ def test_large_magnitude(dtype, magnitude, D, version):
 
 @requires_hopper
 @pytest.mark.parametrize("version", hopper.VERSIONS)
-@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
-def test_explicit_scale(scale, version):
+# The kernels fold c = scale log2 e > 0 into the exponent; a negative scale, zero, and one that is
+# zero in FP32 take the host's other routes (hopper_ops.cpp), causal too (masked scores are -inf).
+@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3, 0.0, 1e-300])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_explicit_scale(scale, is_causal, version):
     q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
-    check(q, k, v, info, version, scale=scale)
+    check(q, k, v, info, version, is_causal=is_causal, scale=scale)
 
 
 @requires_hopper
@@ -363,8 +366,9 @@ def test_op_checks_name_the_argument():
     with pytest.raises(RuntimeError, match="D=96"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         ops.attention(x, x, x, False, 0.125, None, False, 2)
-    with pytest.raises(RuntimeError, match="version must be 1, 2 or 3"):
-        ops.attention(q, k, v, False, 0.125, None, False, 4)
+    past_last = len(hopper.VERSIONS) + 1
+    with pytest.raises(RuntimeError, match=f"version must be 1, .*got {past_last}"):
+        ops.attention(q, k, v, False, 0.125, None, False, past_last)
     with pytest.raises(RuntimeError, match="q must be contiguous"):
         ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, False, 0.125, None, False, 2)
     flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")

@@ -1,0 +1,281 @@
+// Flash-decoding, kernel 1 of 2, on tensor cores: the split kernel of decode_split.cu with both
+// products on mma.sync (FP16/BF16, D = 64 and 128).
+//
+// Why tensor cores for a memory-bound step: decode_split.cu spends most of its instructions
+// feeding CUDA cores (shared-memory loads of q, of probabilities and of V, conversions to FP32)
+// and runs out of issue slots well before the GPU runs out of DRAM bandwidth. A block's R <= 16
+// query rows are exactly one m16 tile: S = Q K^T and O += P V become mma.sync m16n8k16 with the
+// rows past R zero. Most of each mma is wasted (R = 4 uses a quarter of it) and it does not matter:
+// one mma does 16 x 8 x 16 multiply-adds for one issue slot, and K and V reach the tensor cores
+// through ldmatrix, four 8 x 8 tiles per instruction, converted nowhere.
+//
+// Block (split s, sequence b x KV head hk, row chunk) as in decode_split.cu; its 4 warps divide
+// each tile of kBc keys into 4 slices of kKeys and run FlashAttention-2's loop on their slice:
+//   S = Q K_w^T (Q in registers as A fragments for the whole kernel, K_w through ldmatrix),
+//   online softmax on the accumulator fragments (rows g and g + 8 of each thread, base 2),
+//   O_w += P V_w (P from the accumulators as A fragments, V_w through ldmatrix.trans).
+// At the end the 4 warps' (m, l, O) are merged through shared memory exactly as decode_merge.cu
+// merges splits, and the block writes its rows (store_result).
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx
+#include "decode.h"
+#include "decode_common.cuh"
+#include "decode_stream.cuh"
+
+namespace phase5_decode {
+namespace {
+
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16;  // the m16 of mma.sync: a block's R_c <= kMaxRows query rows
+static_assert(kMaxRows <= kTileRows, "a block's rows fit one m16 tile");
+
+template <typename T, int D>
+struct TcTile : KvTile<T, D> {
+  using KvTile<T, D>::kBc;
+  using KvTile<T, D>::kStride;
+  using KvTile<T, D>::kTileElems;
+  static constexpr int kKeys = kBc / kWarps;  // keys of a tile per warp
+  static_assert(kKeys % 16 == 0, "a warp's slice is whole k16 steps of P V");
+  // The merge of the warps' results reuses the K/V tiles: O [kWarps][16][D] and m, l [kWarps][16].
+  static constexpr size_t kMergeBytes = static_cast<size_t>(kWarps) * kTileRows * (D + 2) * sizeof(float);
+  static constexpr size_t kSmemBytes = 4 * static_cast<size_t>(kTileElems) * sizeof(T);
+  static_assert(kMergeBytes <= kSmemBytes, "the merge fits in the K/V tiles");
+};
+
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params p) {
+  using Tl = TcTile<T, D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);       // [2][kBc][kStride]
+  T* sV = sK + 2 * Tl::kTileElems;          // [2][kBc][kStride]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;     // fragment row g (and g + 8), column pair 2t
+  const int split = blockIdx.x;
+  const int bh = blockIdx.y;                // b * H_kv + hk
+  const int b = bh / p.H_kv;
+  const int hk = bh % p.H_kv;
+  const int row0 = blockIdx.z * p.rows_per_block;
+  const int rows = min(p.rows_per_block, p.rows - row0);
+  const int64_t grow0 = static_cast<int64_t>(bh) * p.rows + row0;
+  const int64_t total_rows = static_cast<int64_t>(p.B) * p.H_kv * p.rows;
+
+  // 1. This split's keys [start, end) (decode_stream.cuh); a bad length or page: NaN rows.
+  int start, end;
+  const bool bad = split_keys<Tl::kBc, kPaged>(p, b, split, start, end);
+  const int L = p.lengths[b];
+
+  float o[D / 8][4];                                     // O of rows g, g + 8: n8 tiles of D
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (base 2) and partial sum
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  if (!bad) {
+    // 2. Q as mma A fragments for all D / 16 k-steps, rows past R_c zero (their results are dropped).
+    uint32_t qa[D / 16][4];
+    {
+      const T* q = static_cast<const T*>(p.q) + grow0 * D;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = g + 8 * (r % 2), col = kk * 16 + 2 * t + 8 * (r / 2);
+          qa[kk][r] = row < rows ? *reinterpret_cast<const uint32_t*>(q + row * D + col) : 0u;
+        }
+      }
+    }
+    // The last key rows g and g + 8 see (bottom-right causal: key j <= L - Sq + i for query i).
+    const int limit[2] = {L - p.Sq + (row0 + g) % p.Sq, L - p.Sq + (row0 + g + 8) % p.Sq};
+
+    // 3. K and V stream through two stages of shared memory, as in decode_split.cu.
+    const KvStream<T, D, kPaged> stream{p, b, hk, bh, end, sK, sV};
+    const int num_tiles = course::ceil_div(end - start, Tl::kBc);
+    if (num_tiles > 0) stream.load(start, 0);
+    course::cp_async_commit();
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile & 1;
+      const int key0 = start + tile * Tl::kBc + warp * Tl::kKeys;  // this warp's first key
+      if (tile + 1 < num_tiles) stream.load(start + (tile + 1) * Tl::kBc, stage ^ 1);
+      course::cp_async_commit();
+      course::cp_async_wait<1>();
+      __syncthreads();
+      const T* k_slice = sK + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
+      const T* v_slice = sV + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
+
+      // 4. S = Q K_w^T: per k-step, one ldmatrix.x4 gives the B fragments of 16 keys (8 x 8 tiles
+      //    (keys n..n+7 | n+8..n+15) x (columns kk*16 .. +7 | +8 .. +15)).
+      float s[Tl::kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < Tl::kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < Tl::kKeys / 16; ++n) {
+          const int mat = lane / 8;
+          const int key = n * 16 + (mat / 2) * 8 + lane % 8, col = kk * 16 + (mat % 2) * 8;
+          uint32_t kb[4];
+          tc::ldmatrix_x4(kb, course::smem_u32(k_slice + key * Tl::kStride + col));
+          tc::mma_16816<T>(s[2 * n], qa[kk], kb[0], kb[1]);
+          tc::mma_16816<T>(s[2 * n + 1], qa[kk], kb[2], kb[3]);
+        }
+      }
+
+      // 5. Scale to base 2 and mask (past the split's end, bottom-right causal); online softmax
+      //    on rows g (h = 0) and g + 8 (h = 1): a row's kKeys scores live in the 4 lanes of a quad.
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float row_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < Tl::kKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            const int key = key0 + n * 8 + 2 * t + e % 2;
+            const float x = s[n][e] * p.scale_log2;
+            s[n][e] = key < end && key <= limit[h] ? x : -INFINITY;
+            row_max = fmaxf(row_max, s[n][e]);
+          }
+        }
+        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 2));
+        const float m_new = fmaxf(m[h], row_max);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: p = 0, not NaN
+        alpha[h] = tc::exp2_approx(m[h] - base);
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < Tl::kKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[n][e] = tc::exp2_approx(s[n][e] - base);
+            row_sum += s[n][e];
+          }
+        }
+        l[h] = l[h] * alpha[h] + row_sum;
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+
+      // 6. O += P V_w: P's accumulators of keys 16c .. 16c + 15 are the A fragment of k-step c;
+      //    one ldmatrix.x4.trans gives V's B fragments of two n8 tiles of D.
+#pragma unroll
+      for (int c = 0; c < Tl::kKeys / 16; ++c) {
+        const uint32_t pa[4] = {tc::pack2<T>(s[2 * c][0], s[2 * c][1]), tc::pack2<T>(s[2 * c][2], s[2 * c][3]),
+                                tc::pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]),
+                                tc::pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) {
+          const int mat = lane / 8;
+          const int key = c * 16 + (mat % 2) * 8 + lane % 8, col = n * 16 + (mat / 2) * 8;
+          uint32_t vb[4];
+          tc::ldmatrix_x4_trans(vb, course::smem_u32(v_slice + key * Tl::kStride + col));
+          tc::mma_16816<T>(o[2 * n], pa, vb[0], vb[1]);
+          tc::mma_16816<T>(o[2 * n + 1], pa, vb[2], vb[3]);
+        }
+      }
+      // 7. Every warp is done with this stage before the next copy overwrites it.
+      __syncthreads();
+    }
+  }
+
+  // 8. Merge the 4 warps' results (each saw a quarter of every tile) through shared memory, the
+  //    tiles' space reused: M = max_w m_w, O = sum_w 2^(m_w - M) O_w / sum_w 2^(m_w - M) l_w.
+  course::cp_async_wait<0>();
+  __syncthreads();
+  float* sO = reinterpret_cast<float*>(smem);                      // [kWarps][16][D]
+  float* sM = sO + kWarps * kTileRows * D;                         // [kWarps][16]
+  float* sL = sM + kWarps * kTileRows;                             // [kWarps][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float total = l[h];
+    total += __shfl_xor_sync(course::kFullMask, total, 1);
+    total += __shfl_xor_sync(course::kFullMask, total, 2);
+    const int row = g + 8 * h;
+    if (t == 0) {
+      sM[warp * kTileRows + row] = m[h];
+      sL[warp * kTileRows + row] = total;
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float* dst = sO + (warp * kTileRows + row) * D + n * 8 + 2 * t;
+      dst[0] = o[n][2 * h];
+      dst[1] = o[n][2 * h + 1];
+    }
+  }
+  __syncthreads();
+
+  // 9. Write each row (4 columns per thread): O / l and its base-2 logsumexp, NaN when bad.
+  const float nan = __int_as_float(0x7fffffff);
+  for (int idx = tid; idx < rows * (D / 4); idx += kThreads) {
+    const int row = idx / (D / 4), col = (idx % (D / 4)) * 4;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sM[w * kTileRows + row]);
+    float l_all = 0.0f, out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = exp2f(sM[w * kTileRows + row] - m_all);
+        l_all += weight * sL[w * kTileRows + row];
+        const float* src = sO + (w * kTileRows + row) * D + col;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[e] = fmaf(weight, src[e], out[e]);
+      }
+    }
+    const float inv_l = bad ? nan : (l_all > 0.0f ? 1.0f / l_all : 0.0f);
+    const float lse2 = bad ? nan : (l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] *= inv_l;
+    store_result<T, D>(p, split, total_rows, grow0 + row, col, out, lse2, col == 0);
+  }
+}
+
+template <typename T, int D, bool kPaged>
+void launch_split_tc(const Params& p, cudaStream_t stream) {
+  using Tl = TcTile<T, D>;
+  auto* kernel = decode_split_tc_kernel<T, D, kPaged>;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Tl::kSmemBytes)));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
+  kernel<<<grid, kThreads, Tl::kSmemBytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_tc_for_head_dim(const Params& p, int64_t D, bool paged, cudaStream_t stream) {
+  switch (D) {
+    case 64: paged ? launch_split_tc<T, 64, true>(p, stream) : launch_split_tc<T, 64, false>(p, stream); break;
+    case 128: paged ? launch_split_tc<T, 128, true>(p, stream) : launch_split_tc<T, 128, false>(p, stream); break;
+    default: TORCH_CHECK(false, "head dim D=", D, " (q.size(3)) has no tensor-core decode kernel: use 64 or 128");
+  }
+}
+
+}  // namespace
+
+void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream) {
+  switch (dtype) {
+    case at::kHalf: launch_tc_for_head_dim<__half>(p, D, paged, stream); break;
+    case at::kBFloat16: launch_tc_for_head_dim<__nv_bfloat16>(p, D, paged, stream); break;
+    default: TORCH_CHECK(false, "the tensor-core decode kernel takes float16 or bfloat16, got ", dtype);
+  }
+}
+
+}  // namespace phase5_decode

@@ -1,0 +1,125 @@
+// The warp-specialized pipeline that v2, v3 and v4 share: the block's place in the problem, the
+// mbarriers of the K/V ring, the producer warpgroup that fills it, and the launch.
+//
+//   producer warpgroup (1 thread issues)      consumer warpgroups (64 query rows each)
+//   TMA Q; for each block j:                   wait full_k[s]: S = Q K_j^T ... release empty_k[s]
+//     wait empty_k[s], TMA K_j -> full_k[s]    wait full_v[s]: O += P V_j ...  release empty_v[s]
+//     wait empty_v[s], TMA V_j -> full_v[s]
+//
+// K and V of a stage are released separately: a consumer that overlaps its matmuls (v3, v4) is
+// done with K_j long before V_j, and the producer can refill K's half of the stage at once.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+
+#include "hopper_kernel.cuh"
+
+namespace hopper {
+
+constexpr int kStages = 2;
+constexpr int kThreads = (1 + kConsumers) * kWarpgroup;  // producer warpgroup + consumer warpgroups
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536 registers of the SM
+constexpr int kConsumerWarps = kConsumers * 4;
+// Named barriers (0 is __syncthreads): the consumers' zeroing of padded V rows (v2, v3) or the
+// producer's (v4) use 1, the epilogue 2 + wg, v4's turn-taking 4 + wg.
+constexpr int kZeroBarrier = 1;
+constexpr int kEpilogueBarrier = 2;
+constexpr int kTurnBarrier = 4;
+
+// The mbarriers, after the tiles in shared memory (Smem::kBarriers).
+//   full_*: one arrival (the producer's expect_tx) + the TMA bytes;
+//   empty_*: one arrival per consumer warp;
+//   zeroed_v: v4 only, one arrival: the producer zeroed the padded rows of the last V block.
+struct Pipeline {
+  uint64_t* full_q;
+  uint64_t* full_k;   // [kStages]
+  uint64_t* full_v;   // [kStages]
+  uint64_t* empty_k;  // [kStages]
+  uint64_t* empty_v;  // [kStages]
+  uint64_t* zeroed_v;
+};
+
+// The barriers' addresses; thread 0 initializes them, then the whole block synchronizes.
+template <int D>
+__device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
+  using L = Smem<D, kStages>;
+  static_assert(L::kBarrierCount >= 2 + 4 * kStages, "room for every barrier of the pipeline");
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  const Pipeline pipe{bars, bars + 1, bars + 1 + kStages, bars + 1 + 2 * kStages, bars + 1 + 3 * kStages,
+                      bars + 1 + 4 * kStages};
+  if (threadIdx.x == 0) {
+    mbarrier_init(pipe.full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&pipe.full_k[s], 1);
+      mbarrier_init(&pipe.full_v[s], 1);
+      mbarrier_init(&pipe.empty_k[s], kConsumerWarps);
+      mbarrier_init(&pipe.empty_v[s], kConsumerWarps);
+    }
+    mbarrier_init(pipe.zeroed_v, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  return pipe;
+}
+
+// The producer warpgroup: gives its registers away, then one thread issues every copy, refilling
+// a stage's K (V) as soon as every consumer warp released the K (V) it held. kZeroV (v4): the whole
+// warpgroup then zeroes the padded rows of the last V block and announces it on zeroed_v.
+template <int D, bool kZeroV>
+__device__ __forceinline__ void produce(const Params& p, unsigned char* smem, const Pipeline& pipe, const Block& b) {
+  using L = Smem<D, kStages>;
+  setmaxnreg_dec<kProducerRegs>();
+  if (threadIdx.x == 0 && b.n_blocks > 0) {
+    tma_prefetch_map(&p.q_map);
+    tma_prefetch_map(&p.k_map);
+    tma_prefetch_map(&p.v_map);
+    load_tile<D>(smem + L::kQ, L::kQPanel, &p.q_map, pipe.full_q, b.m0, b.bh);
+    for (int j = 0; j < b.n_blocks; ++j) {
+      const int s = j % kStages;
+      // The stage's previous block is j - kStages; on the first pass the parity of the phase
+      // before the first one returns at once.
+      const uint32_t released = ((j / kStages) & 1) ^ 1;
+      mbarrier_wait(&pipe.empty_k[s], released);
+      load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], j * kBN, b.kv_bh);
+      mbarrier_wait(&pipe.empty_v[s], released);
+      load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], j * kBN, b.kv_bh);
+    }
+  }
+  const int last = b.n_blocks - 1;
+  if (kZeroV && last >= 0 && holds_padding(b.vis, p.Sk, last)) {
+    const int s = last % kStages;
+    mbarrier_wait(&pipe.full_v[s], (last / kStages) & 1);
+    zero_padded_rows<D>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - last * kBN, static_cast<int>(threadIdx.x),
+                        kWarpgroup, kZeroBarrier);
+    if (threadIdx.x == 0) mbarrier_arrive(pipe.zeroed_v);
+  }
+}
+
+// One consumer warp's release of a K or V half-stage: after all its lanes' wgmmas reading it completed.
+__device__ __forceinline__ void release(uint64_t* empty) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
+}
+
+// Launch kKernel (one of the versions' kernels, compiled for kSmem bytes of dynamic shared memory)
+// on the (query tile, head, batch) grid.
+template <void (*kKernel)(Params), int kSmem>
+void launch_warp_specialized(const Params& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> opted_in{0};  // bit d: the shared-memory opt-in is done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
+  kKernel<<<grid, kThreads, kSmem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace hopper
