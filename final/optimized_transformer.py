@@ -42,6 +42,8 @@ the prompt once through forward(idx, cache) (the prefill: the attention above, a
 and V stored in a final.kv_cache.KVCache), then one token per sequence per step through the same
 forward, whose attention is then phase5_fused.decode's flash-decoding over the cache
 (final.generation holds the loop and the sampling, shared with final.generate_benchmark's PyTorch peer).
+page_size=N keeps the cache in pages (decode's page table); cuda_graph=True replays the decode steps
+from a CUDA graph (decode_step: the position read on the GPU, so one recording serves every step).
 Importing this module builds nothing; the extensions are built on the first forward.
 """
 
