@@ -36,6 +36,14 @@ LayerNorm (with its residual add), GELU and phase 6's SGEMMs from phase 6's back
 With autograd on, phase 6's MLP runs GEMM 1 without its GELU epilogue and the GELU kernel after
 it, so that the backward has the pre-activation; with grad off it keeps the fused epilogue.
 final.train trains it beside the baseline.
+
+Generation: model.generate(idx, max_new_tokens, temperature=0.0, top_k=None, generator=None) runs
+the prompt once through forward(idx, cache) (the prefill: the attention above, and every layer's K
+and V stored in a final.kv_cache.KVCache), then one token per sequence per step through the same
+forward, whose attention is then phase5_fused.decode's flash-decoding over the cache
+(final.generation holds the loop and the sampling, shared with final.generate_benchmark's PyTorch peer).
+page_size=N keeps the cache in pages (decode's page table); cuda_graph=True replays the decode steps
+from a CUDA graph (decode_step: the position read on the GPU, so one recording serves every step).
 Importing this module builds nothing; the extensions are built on the first forward.
 """
 
@@ -47,11 +55,16 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 import phase6_layernorm_mlp as p6
+from final import generation
 from final.attention import cuda_attention_forward, merge_heads
+from final.kv_cache import KVCache
 from phase1_baseline.pytorch_transformer import GPT, GPTConfig
+from phase5_fused import decode
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MLP_IMPLS = ("phase6", "cublas")
+# Devices generate() runs on: the kernels' (a CPU test widens it, with the kernels replaced by PyTorch).
+GENERATE_DEVICES = ("cuda",)
 
 
 class OptimizedTransformer(nn.Module):
@@ -94,14 +107,26 @@ class OptimizedTransformer(nn.Module):
 
     # --------------------------------------------------------------------------------------------
 
-    def _attention(self, attn, h: torch.Tensor) -> torch.Tensor:
-        """proj(causal attention(qkv(h))), the attention through the unified API."""
+    def _attention(self, attn, h: torch.Tensor, layer: int, cache: KVCache | None, where,
+                   prefill: bool) -> torch.Tensor:
+        """proj(causal attention(qkv(h))): through the unified API without a cache or on an empty one
+        (the prefill, which also stores K and V), else decode.attention over the cache. where: the
+        new tokens' positions in the cache (KVCache.write)."""
         B, S, C = h.shape
         H = attn.n_head
-        qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias)
-        q, k, v = qkv.view(B, S, 3, H, C // H).permute(2, 0, 3, 1, 4).contiguous()  # one copy
-        with record_function("attention"):
-            out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
+        qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, S, 3, H, C // H)
+        if prefill:
+            qkv = qkv.permute(2, 0, 3, 1, 4).contiguous()  # one copy: [3, B, H, S, D]
+            if cache is not None:
+                cache.write(layer, where, qkv[1:])
+            q, k, v = qkv
+            with record_function("attention"):
+                out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
+        else:
+            cache.write(layer, where, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
+            with record_function("attention"):  # the new queries against every cached key (flash-decoding)
+                out = decode.attention(qkv[:, :, 0].transpose(1, 2), cache.keys(layer), cache.values(layer),
+                                       cache.lengths, page_table=cache.page_table)
         return F.linear(merge_heads(out), attn.proj.weight, attn.proj.bias)
 
     def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
@@ -109,21 +134,48 @@ class OptimizedTransformer(nn.Module):
             return p6.mlp(h, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, approximate="tanh")
         return F.linear(p6.gelu(F.linear(h, mlp.fc1.weight, mlp.fc1.bias), "tanh"), mlp.fc2.weight, mlp.fc2.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx [B, S] int64 tokens (CUDA) -> logits [B, S, vocab] in the model's dtype."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx [B, S] int64 tokens (CUDA) -> logits [B, S, vocab] in the model's dtype.
+
+        With a cache (final.kv_cache.KVCache), idx are the next S tokens of every sequence it holds:
+        their K and V are stored at positions cache.length .. cache.length + S - 1 and they attend
+        to every cached key. On an empty cache that is the prefill (any S); after it, a step of at
+        most decode.MAX_SQ tokens (one, when generating). Inference only (under torch.no_grad())."""
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, S] tokens, got shape {tuple(idx.shape)}")
         B, S = idx.shape
-        if S > self.config.max_seq:
-            raise ValueError(f"sequence length {S} exceeds max_seq {self.config.max_seq}")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(S, device=idx.device))
+        if cache is None:
+            if S > self.config.max_seq:
+                raise ValueError(f"sequence length {S} exceeds max_seq {self.config.max_seq}")
+            return self._run(idx, torch.arange(S, device=idx.device), None, None, prefill=True)
+        self._check_cache(cache, B, S)
+        start = cache.append(S)
+        where = slice(start, start + S)
+        return self._run(idx, cache.positions[where], cache, where, prefill=start == 0)
+
+    def decode_step(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step, token [B, 1] -> logits [B, 1, vocab], with its position read on the GPU.
+
+        The work of forward(token, cache) after the prefill, but the position comes from
+        cache.lengths on the device (advanced there by one) instead of from the host, so nothing in
+        it changes from step to step: it can be captured in a CUDA graph and replayed
+        (final.generation.CUDAGraphStep). The caller advances cache.length and checks the room
+        (generate(cuda_graph=True) does both)."""
+        cache.lengths.add_(1)
+        position = cache.lengths[:1].long() - 1  # [1]: every sequence is at the same position
+        return self._run(token, position, cache, position, prefill=False)
+
+    def _run(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, where,
+             prefill: bool) -> torch.Tensor:
+        """The blocks: idx [B, S] at positions [S] -> logits [B, S, vocab] (forward's body)."""
+        x = self.tok_emb(idx) + self.pos_emb(positions)
         blocks = list(self.blocks)
         norms = [b.ln1 for b in blocks[1:]] + [self.ln_f]  # the LayerNorm after each block's MLP
         first = blocks[0].ln1 if blocks else self.ln_f
         with record_function("layer_norm"):
             h = p6.layer_norm(x, first.weight, first.bias, first.eps)
-        for block, next_norm in zip(blocks, norms):
-            a = self._attention(block.attn, h)
+        for layer, (block, next_norm) in enumerate(zip(blocks, norms)):
+            a = self._attention(block.attn, h, layer, cache, where, prefill)
             with record_function("layer_norm"):
                 h, x = p6.add_layer_norm(a, x, block.ln2.weight, block.ln2.bias, block.ln2.eps)
             with record_function("mlp"):
@@ -131,6 +183,53 @@ class OptimizedTransformer(nn.Module):
             with record_function("layer_norm"):
                 h, x = p6.add_layer_norm(m, x, next_norm.weight, next_norm.bias, next_norm.eps)
         return F.linear(h, self.lm_head.weight)
+
+    def _check_cache(self, cache: KVCache, B: int, S: int) -> None:
+        """The cache fits this model and these tokens (metadata only: no GPU sync)."""
+        c = self.config
+        if torch.is_grad_enabled() and self.tok_emb.weight.requires_grad:
+            raise RuntimeError("forward with a cache is inference only (decode.attention has no backward): "
+                               "run it under torch.no_grad(), as generate does")
+        dtype = self.tok_emb.weight.dtype
+        if (cache.layers, cache.heads, cache.head_dim, cache.kv.dtype) != (c.n_layer, c.n_head, c.head_dim, dtype):
+            raise ValueError(f"cache must hold {c.n_layer} layers of {c.n_head} heads of D={c.head_dim} in "
+                             f"{dtype} (KVCache.for_model), got {cache!r}")
+        if cache.batch != B:
+            raise ValueError(f"idx has {B} sequences but the cache holds {cache.batch}")
+        if cache.length + S > min(cache.max_len, c.max_seq):
+            raise ValueError(f"{S} more tokens after the cache's {cache.length} exceed its max_len={cache.max_len} "
+                             f"or the model's max_seq={c.max_seq}")
+        if cache.length > 0 and S > decode.MAX_SQ:
+            raise ValueError(f"a step after the prefill takes at most decode.MAX_SQ={decode.MAX_SQ} tokens "
+                             f"per sequence, got {S}")
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, return_logits: bool = False, page_size: int | None = None,
+                 cuda_graph: bool = False):
+        """idx [B, S] int64 prompts (CUDA) -> [B, S + max_new_tokens] int64: the prompts and what follows.
+
+        The prompt runs once (the prefill, final.attention, writing K and V of every layer into a
+        KVCache), then one token per sequence per step (phase5_fused.decode over the cache).
+        temperature 0: greedy (argmax); > 0: sampled from softmax(logits / temperature), over the
+        top_k most likely tokens if top_k is given, with `generator` (a CUDA torch.Generator) for
+        reproducible draws. S + max_new_tokens must not exceed config.max_seq. return_logits: also
+        return the logits each new token was chosen from [B, max_new_tokens, vocab]. page_size: keep
+        the cache in pages of that many tokens (decode.PAGE_SIZES; None: contiguous). cuda_graph:
+        replay the decode steps from a CUDA graph (decode_step, captured after the first step) instead
+        of launching their ~50 kernels from Python each time. Every prompt of the batch has the same
+        length (ragged prompts: an exercise of final/README.md).
+        """
+        generation.check_generate_args(idx, max_new_tokens, temperature, top_k, generator, self.config.max_seq)
+        if self.config.head_dim not in decode.SUPPORTED_D:
+            raise ValueError(f"generate decodes with phase5_fused.decode, which takes head dims "
+                             f"{decode.SUPPORTED_D}; this model's is {self.config.head_dim}")
+        device = self.tok_emb.weight.device
+        if device.type not in GENERATE_DEVICES:
+            raise ValueError(f"generate runs the course's CUDA kernels: the model is on {device}, move it to a GPU")
+        decode_step = generation.CUDAGraphStep(self.decode_step) if cuda_graph else None
+        return generation.generate(self, self.forward, idx, max_new_tokens, temperature, top_k, generator,
+                                   return_logits, page_size, decode_step)
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, attention={self.attention_mode!r}, mlp={self.mlp_impl!r}"
