@@ -25,8 +25,9 @@ Figures per (impl, dtype, batch), each the median over REPS runs (CUDA events; o
     gbps            step_mb / decode_ms: against the DRAM ceiling, how memory-bound the steps are
     rel_err         the logits generate returned (each new token's) against the FP32 phase 1 GPT's
                     on the same tokens: a broken kernel must not look fast
-Writes final/results/generation.json (utils.results) and redraws final/README.md's table
-`generation` (final/manifest.json). --quick: a short prompt and few tokens, written to
+Writes final/results/generation.json (utils.results; again after each dtype, so that a run cut short
+keeps the dtypes it measured) and redraws final/README.md's table `generation` (final/manifest.json).
+About 100 s per dtype on an H100. --quick: a short prompt and few tokens, written to
 final/results/quick/ and not rendered. Without a GPU nothing is measured.
 """
 
@@ -204,13 +205,16 @@ def main(argv=None) -> int:
           f"{args.dtypes}, greedy", flush=True)
     start = time.perf_counter()
     notes: list[str] = []
-    rows = measure(args.impls, args.dtypes, shape["batches"], shape["prompt"], shape["new_tokens"], shape["reps"],
-                   notes=notes)
+    rows: list[dict] = []
     out = QUICK_PATH if args.quick else RESULTS_PATH
     ceilings = {k: v for k, v in (load_cached_ceilings() or {}).items() if k != "env"}
-    path = write_results(out, rows, ceilings, setup={**shape, "impls": {k: IMPLS[k] for k in args.impls}},
-                         notes=notes, wall_s=time.perf_counter() - start)
-    print(f"wrote {path} in {time.perf_counter() - start:.0f} s", flush=True)
+    for dtype in args.dtypes:  # written after each dtype: a run cut short keeps what it measured
+        rows += measure(args.impls, [dtype], shape["batches"], shape["prompt"], shape["new_tokens"], shape["reps"],
+                        notes=notes)
+        path = write_results(out, rows, ceilings, setup={**shape, "impls": {k: IMPLS[k] for k in args.impls}},
+                             notes=notes, wall_s=time.perf_counter() - start)
+        print(f"wrote {path} ({', '.join(args.dtypes[:args.dtypes.index(dtype) + 1])}) in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
     if not args.quick:
         render(HERE)
     return 0
