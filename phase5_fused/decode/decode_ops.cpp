@@ -14,6 +14,7 @@
 #include <limits>
 #include <tuple>
 
+#include "attention_args.h"
 #include "decode.h"
 
 namespace {
@@ -67,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               v_cache.sizes());
   const int64_t H_kv = k_cache.size(1);
   TORCH_CHECK(k_cache.size(3) == D, "k_cache must have q's head dim D=", D, ", got ", k_cache.sizes());
-  TORCH_CHECK(H_kv > 0 && H % H_kv == 0, "q's heads H=", H, " must be a multiple of k_cache's KV heads H_kv=", H_kv);
+  course::check_kv_heads(H, H_kv, "k_cache");
   const bool paged = page_table.has_value() && page_table->defined();
   int64_t capacity = 0, page_size = 0, max_pages = 0;
   if (paged) {

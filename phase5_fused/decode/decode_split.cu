@@ -17,9 +17,6 @@
 // so query i sees keys j <= L - Sq + i (L >= Sq). Math runs on CUDA cores: a decoding step does
 // 2 R D multiply-adds per key against 2 D elements read, too little work per byte for tensor
 // cores to matter while R is small (README: where they would).
-#include <c10/cuda/CUDAException.h>
-
-#include <atomic>
 #include <cmath>
 
 #include "decode.h"
@@ -248,20 +245,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 
 template <typename T, int D, bool kPaged>
 void launch_split(const Params& p, cudaStream_t stream) {
-  auto* kernel = decode_split_kernel<T, D, kPaged>;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device (for the most rows).
-  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_bytes<T, D>(kMaxRows))));
-    opted_in.fetch_or(bit);
-  }
-  const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
-  kernel<<<grid, kThreads, smem_bytes<T, D>(p.rows_per_block), stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_split_grid<decode_split_kernel<T, D, kPaged>, smem_bytes<T, D>(kMaxRows)>(p, smem_bytes<T, D>(p.rows_per_block),
+                                                                                 stream);
 }
 
 template <typename T, int D>

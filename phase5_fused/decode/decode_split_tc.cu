@@ -16,9 +16,6 @@
 //   O_w += P V_w (P from the accumulators as A fragments, V_w through ldmatrix.trans).
 // At the end the 4 warps' (m, l, O) are merged through shared memory exactly as decode_merge.cu
 // merges splits, and the block writes its rows (store_result).
-#include <c10/cuda/CUDAException.h>
-
-#include <atomic>
 #include <cmath>
 
 #include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx
@@ -242,21 +239,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
 
 template <typename T, int D, bool kPaged>
 void launch_split_tc(const Params& p, cudaStream_t stream) {
-  using Tl = TcTile<T, D>;
-  auto* kernel = decode_split_tc_kernel<T, D, kPaged>;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Tl::kSmemBytes)));
-    opted_in.fetch_or(bit);
-  }
-  const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
-  kernel<<<grid, kThreads, Tl::kSmemBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  constexpr size_t kSmem = TcTile<T, D>::kSmemBytes;
+  launch_split_grid<decode_split_tc_kernel<T, D, kPaged>, kSmem>(p, kSmem, stream);
 }
 
 template <typename T>

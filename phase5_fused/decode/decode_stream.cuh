@@ -3,6 +3,9 @@
 // tiles into shared memory (cp.async, 16 bytes per copy, rows padded by 16 bytes).
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -112,6 +115,25 @@ __device__ __forceinline__ void store_result(const Params& p, int split, int64_t
     store_from_float<kN>(p.o_part + at * D + col, out);
     if (with_lse) p.lse_part[at] = lse2;
   }
+}
+
+// Launch split kernel kKernel on the (split, sequence x KV head, row chunk) grid with `smem` bytes
+// of dynamic shared memory. Above 48 KB a kernel must opt in, once per device, for the most it will
+// ever ask: kMaxSmem.
+template <void (*kKernel)(Params), size_t kMaxSmem>
+void launch_split_grid(const Params& p, size_t smem, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kMaxSmem)));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
+  kKernel<<<grid, kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace phase5_decode
