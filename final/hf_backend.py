@@ -21,6 +21,15 @@ def backend_name(mode: str) -> str:
     return "course" if mode == "auto" else f"course_{mode}"
 
 
+def takes_grouped_heads(mode: str, query, key, value, mask) -> bool:
+    """Whether `mode` runs these inputs with key/value's fewer heads as they are (no copy)."""
+    try:
+        resolve_mode(mode, query, key, value, mask=mask)
+    except UnsupportedModeError:
+        return False
+    return True
+
+
 def make_attention_forward(mode: str):
     """A Transformers attention function running `mode` of cuda_attention_forward."""
 
@@ -35,9 +44,11 @@ def make_attention_forward(mode: str):
                 raise ValueError(f"the course attention does not support {unsupported!r}")
         # The course API's own error for an unsupported dtype / head size / device, named as such
         resolve_mode(mode, query)
-        # GQA, interim: one K/V head per query head (repeat_interleave) until the kernels take GQA natively
+        # GQA: K/V heads passed as they are where the mode takes grouped heads for these inputs;
+        # otherwise (a mode without them, or a gradient: no backward kernel takes them) one copy
+        # of K/V per query head
         groups = query.shape[1] // key.shape[1]
-        if groups > 1:
+        if groups > 1 and not takes_grouped_heads(mode, query, key, value, attention_mask):
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         # Causal as Transformers' sdpa backend decides it: the flag only without a mask and for Sq > 1.
         # Without a mask the course's top-left causal is the right one (Sq == Sk, or a prefill into an

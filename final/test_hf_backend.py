@@ -107,6 +107,34 @@ def test_the_course_function_runs(monkeypatch):
     assert calls == ["reference"] * 2
 
 
+def test_grouped_heads_pass_through_where_the_mode_takes_them(monkeypatch):
+    """llama_gqa's 2 K/V heads reach the reference mode as they are; a mode that cannot take grouped
+    heads for the inputs (no such kernel, or a gradient through the fused kernels) gets a copy per
+    query head instead."""
+    import final.hf_backend as backend
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kv_heads = []
+
+    def recording(query, key, value, **kwargs):
+        kv_heads.append(key.shape[1])
+        return forward(query, key, value, **kwargs)
+
+    forward = backend.cuda_attention_forward
+    monkeypatch.setattr(backend, "cuda_attention_forward", recording)
+    _, course = model_pair(llama_config(), register("reference"))
+    with torch.no_grad():
+        course(tokens())
+    assert kv_heads == [llama_config().num_key_value_heads] * 2
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 8, 64, dtype=torch.float16, device="cuda")
+        k = torch.empty(1, 2, 8, 64, dtype=torch.float16, device="cuda")
+        q32, k32 = q.float(), k.float()
+        assert backend.takes_grouped_heads("fused_tc", q, k, k, None)
+        assert not backend.takes_grouped_heads("coalesced", q32, k32, k32, None)
+        assert not backend.takes_grouped_heads("fused_tc", q.requires_grad_(), k, k, None)
+
+
 def test_dropout_is_refused():
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=1, n_head=2, attn_pdrop=0.1)
