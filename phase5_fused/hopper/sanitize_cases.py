@@ -4,7 +4,9 @@ phase5_fused.hopper` (memcheck + racecheck; README "What the sanitizer can and c
 
 Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, three key blocks so
 that a stage of the 2-stage ring is refilled), one batch with a key length inside a block (its V
-rows are zeroed in shared memory) and one with none, causal and not, with the lse.
+rows are zeroed in shared memory: by the consumers in v1-v3, by the producer in v4) and one with
+none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
+attention: both heads read the same K/V tiles).
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ def main() -> int:
     if tuple(torch.cuda.get_device_capability()) != hopper.HOPPER:
         print("not a Hopper GPU (sm_90): the sm_90a kernels cannot run here, nothing to sanitize")
         return 0
-    B, H, Sq, Sk = 3, 2, 17, 300
+    B, H, H_kv, Sq, Sk = 3, 2, 1, 17, 300
     lengths = torch.tensor([Sk, 133, 0], device="cuda", dtype=torch.int32)
     cases = 0
     for version in hopper.VERSIONS:
         for dtype in hopper.DTYPES:
             for D in hopper.SUPPORTED_D:
-                q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+                q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype, H_kv=H_kv)
                 for causal in (False, True):
                     out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True,
                                                 version=version)
