@@ -1,5 +1,5 @@
-// The warp-specialized pipeline that v2, v3 and v4 share: the block's place in the problem, the
-// mbarriers of the K/V ring, the producer warpgroup that fills it, and the launch.
+// The warp-specialized pipeline that v2, v3 and v4 share: the mbarriers of the K/V ring and the
+// producer warpgroup that fills it.
 //
 //   producer warpgroup (1 thread issues)      consumer warpgroups (64 query rows each)
 //   TMA Q; for each block j:                   wait full_k[s]: S = Q K_j^T ... release empty_k[s]
@@ -9,11 +9,6 @@
 // K and V of a stage are released separately: a consumer that overlaps its matmuls (v3, v4) is
 // done with K_j long before V_j, and the producer can refill K's half of the stage at once.
 #pragma once
-
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
-
-#include <atomic>
 
 #include "hopper_kernel.cuh"
 
@@ -103,23 +98,6 @@ __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, co
 __device__ __forceinline__ void release(uint64_t* empty) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
-}
-
-// Launch kKernel (one of the versions' kernels, compiled for kSmem bytes of dynamic shared memory)
-// on the (query tile, head, batch) grid.
-template <void (*kKernel)(Params), int kSmem>
-void launch_warp_specialized(const Params& p, cudaStream_t stream) {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  static std::atomic<uint64_t> opted_in{0};  // bit d: the shared-memory opt-in is done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    opted_in.fetch_or(bit);
-  }
-  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
-  kKernel<<<grid, kThreads, kSmem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace hopper

@@ -10,12 +10,8 @@
 // Every thread is a consumer: 2 warpgroups x 64 query rows. Thread 0 also issues the copies of
 // block j + kStages once every thread is done with block j (one __syncthreads per block), so the
 // copies of the next block fly while this one is computed, as in the mma.sync kernel's cp.async ring.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
-
-#include <atomic>
-
 #include "hopper_kernel.cuh"
+#include "hopper_launch.cuh"
 
 namespace hopper {
 namespace {
@@ -107,34 +103,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   store_output<T, D>(o, m, l, sQ, wg, m0, p, bh, 2 + wg);
 }
 
-template <typename T, int D>
-void launch(const Params& p, cudaStream_t stream) {
-  constexpr int smem = Smem<D, kStages>::kBytes;
-  auto* kernel = hopper_v1_kernel<T, D>;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  static std::atomic<uint64_t> opted_in{0};
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    opted_in.fetch_or(bit);
-  }
-  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 }  // namespace
 
 void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
-  const bool bf16 = dtype == Dtype::kBFloat16;
-  if (D == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  } else {
-    TORCH_CHECK(D == 128, "head dim D=", D, " (q.size(3)) is not supported: use 64 or 128");
-    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
-  }
+  dispatch(D, dtype, [&](auto type, auto head_dim) {
+    using T = typename decltype(type)::type;
+    constexpr int kD = decltype(head_dim)::value;
+    launch_kernel<hopper_v1_kernel<T, kD>, Smem<kD, kStages>::kBytes, kThreads>(p, stream);
+  });
 }
 
 }  // namespace hopper

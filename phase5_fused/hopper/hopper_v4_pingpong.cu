@@ -18,6 +18,7 @@
 // v3 zero the padded V rows with all 256 consumer threads (named barrier kZeroBarrier), and a
 // warpgroup that waits there while the other waits for its turn deadlocks. v4 has the producer
 // warpgroup zero them (produce<D, true>) and the consumers wait for the zeroed block on zeroed_v.
+#include "hopper_launch.cuh"
 #include "hopper_pipeline.cuh"
 
 namespace hopper {
@@ -147,21 +148,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v4_kernel(const __grid_con
   store_output<T, D>(o, m, l, sQ, wg, b.m0, p, b.bh, kEpilogueBarrier + wg);
 }
 
-template <typename T, int D>
-void launch(const Params& p, cudaStream_t stream) {
-  launch_warp_specialized<hopper_v4_kernel<T, D>, Smem<D, kStages>::kBytes>(p, stream);
-}
-
 }  // namespace
 
 void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
-  const bool bf16 = dtype == Dtype::kBFloat16;
-  if (D == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  } else {
-    TORCH_CHECK(D == 128, "head dim D=", D, " (q.size(3)) is not supported: use 64 or 128");
-    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
-  }
+  dispatch(D, dtype, [&](auto type, auto head_dim) {
+    using T = typename decltype(type)::type;
+    constexpr int kD = decltype(head_dim)::value;
+    launch_kernel<hopper_v4_kernel<T, kD>, Smem<kD, kStages>::kBytes, kThreads>(p, stream);
+  });
 }
 
 }  // namespace hopper

@@ -1,0 +1,52 @@
+// How every version is launched: the (query tile, head, batch) grid, the shared-memory opt-in, and
+// the dispatch from the op's run-time dtype and head dim to the compiled kernels.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "hopper_kernel.cuh"
+
+namespace hopper {
+
+// Launch kKernel with kThreads threads and kSmem bytes of dynamic shared memory per CTA, one CTA per
+// kBM query rows of each (head, batch). Above 48 KB a kernel must opt in, once per device.
+template <void (*kKernel)(Params), int kSmem, int kThreads>
+void launch_kernel(const Params& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> opted_in{0};  // bit d: the shared-memory opt-in is done on device d
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (opted_in.load() & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    opted_in.fetch_or(bit);
+  }
+  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
+  kKernel<<<grid, kThreads, kSmem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// launch(TypeTag<T>{}, std::integral_constant<int, D>{}) for the element type and head dim given at
+// run time (supported_head_dim).
+template <typename Launch>
+void dispatch(int D, Dtype dtype, Launch&& launch) {
+  TORCH_CHECK(supported_head_dim(D), "head dim D=", D, " (q.size(3)) is not supported: use 64 or 128");
+  const bool bf16 = dtype == Dtype::kBFloat16;
+  if (D == 64) {
+    bf16 ? launch(TypeTag<__nv_bfloat16>{}, std::integral_constant<int, 64>{})
+         : launch(TypeTag<__half>{}, std::integral_constant<int, 64>{});
+  } else {
+    bf16 ? launch(TypeTag<__nv_bfloat16>{}, std::integral_constant<int, 128>{})
+         : launch(TypeTag<__half>{}, std::integral_constant<int, 128>{});
+  }
+}
+
+}  // namespace hopper
