@@ -60,7 +60,8 @@ def sdpa_error(q, k, v, ref, is_causal=False, scale=None, key_lengths=None) -> f
     """torch SDPA's relative error in q's dtype against the same float64 reference (padding as an
     additive bias; fully masked rows, NaN in some backends, count as the reference's zeros). Grouped
     K/V are expanded per query head for it."""
-    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    if k.shape[1] != q.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     if key_lengths is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     else:
