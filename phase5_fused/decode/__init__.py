@@ -238,7 +238,7 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     """
     B, H, Sq, D, H_kv, capacity = check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table, scale,
                                                       num_splits, kernel)
-    kernel = check_kernel(kernel, q.dtype, D)
+    kernel = kernel or choose_kernel(q.dtype, D)  # (check_decode_inputs checked a named one)
     if check_values:
         check_cache_values(cache_lengths, page_table, Sq, capacity, k_cache.shape[0])
     if scale is None:
