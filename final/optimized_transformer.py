@@ -20,8 +20,10 @@ What runs where, per block (the baseline computes x + attn(ln1(x)), then + mlp(l
     residual + next ln   phase 6 add_layer_norm (the next block's ln1, or ln_f after the last block)
 
 Every residual add is fused into the LayerNorm that follows it, so no separate add kernel runs.
-The attention's Q/K/V come out of one strided copy of the qkv projection ([B, S, 3, H, D] ->
-[3, B, H, S, D]); the output is merged back with one copy, like the baseline's.
+The attention takes Q/K/V as [B, H, S, D] views of the qkv projection ([B, S, 3, H, D]): the Hopper
+kernel reads them in place (its TMA maps carry the strides) and writes O as [B, S, H, D], so merging
+the heads back is a view too, as with the baseline's SDPA; the other kernels copy their inputs
+contiguous and their output is merged with one copy.
 mlp="cublas" runs the FP32 model's MLP on cuBLAS too (F.linear, phase 6 gelu, F.linear): phase 6's
 SGEMM reaches about 0.75-0.8 of cuBLAS (phase6_layernorm_mlp/results), so this is the faster FP32
 choice when the MLP dominates; the benchmark measures both at its profile shape.
@@ -116,10 +118,9 @@ class OptimizedTransformer(nn.Module):
         H = attn.n_head
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, S, 3, H, C // H)
         if prefill:
-            qkv = qkv.permute(2, 0, 3, 1, 4).contiguous()  # one copy: [3, B, H, S, D]
             if cache is not None:
-                cache.write(layer, where, qkv[1:])
-            q, k, v = qkv
+                cache.write(layer, where, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [B, H, S, D] views of the projection: no copy here
             with record_function("attention"):
                 out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
         else:

@@ -422,6 +422,7 @@ def test_api_overhead_pipeline_on_cpu(monkeypatch, tmp_path):
     assert len(json.loads((tmp_path / "results" / "api_overhead.json").read_text())["rows"]) == len(rows) + 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
     from final import benchmark as bm
 

@@ -119,9 +119,10 @@ def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, sca
 
 def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float32,),
                            supported_d=None, key_lengths=None, is_causal=False, scale=None, grouped=False,
-                           window=None):
+                           window=None, contiguous=True):
     """check_attention_shapes, then: q, k, v CUDA tensors of one of `dtypes`, supported_d(D), and
-    key_lengths [B] int32/int64 on the GPU. Returns contiguous q, k, v, the mask and (B,H,Sq,Sk,D)."""
+    key_lengths [B] int32/int64 on the GPU. Returns q, k, v (made contiguous unless `contiguous` is
+    False: for a kernel that reads strides), the mask and (B,H,Sq,Sk,D)."""
     mask, (B, H, Sq, Sk, D) = check_attention_shapes(q, k, v, mask, stride, is_causal, scale, grouped, window)
     # k and v share q's device and dtype (checked above): q's check speaks for all three
     check_cuda_tensor(q, "q", dtypes)
@@ -131,7 +132,9 @@ def check_attention_inputs(q, k, v, mask=None, stride=None, dtypes=(torch.float3
         check_cuda_tensor(key_lengths, "key_lengths", (torch.int32, torch.int64), dim=1)
         if key_lengths.shape[0] != B:
             raise ValueError(f"key_lengths must have B={B} entries, got {key_lengths.shape[0]}")
-    return q.contiguous(), k.contiguous(), v.contiguous(), mask, (B, H, Sq, Sk, D)
+    if contiguous:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return q, k, v, mask, (B, H, Sq, Sk, D)
 
 
 def check_mask(mask, shape, device) -> torch.Tensor:

@@ -6,6 +6,7 @@ the phase's rubric.
     python -m utils.grade --phase 3 --reference DIR        # this copy, against the instructor's DIR
     python -m utils.grade --phase 3 --hidden-tests DIR     # plus an instructor's hidden tests
     python -m utils.grade --all --out DIR                  # report folder (default build/grade/)
+    python -m utils.grade --all --resume                   # reuse the phases an interrupted run finished
 
 The reference copy (the instructor's checkout) supplies everything the grade depends on: the
 rubrics and manifests (utils.grade_rubric), the official tests and utils (utils.grade_tests), the
@@ -24,7 +25,9 @@ the grader hands over to that copy's own. The student's copy supplies only its p
 
 Without a GPU nothing is scored: the tests that need no GPU run and are reported, and each phase
 reads "not graded: no GPU". The report (Markdown and JSON, with utils.results' environment stamp)
-goes to OUT/<phase>.md|json, or OUT/all.md|json for --all.
+goes to OUT/<phase>.md|json, or OUT/all.md|json for --all. Each phase's section is also kept in
+build/grade/phases/<phase>.json as soon as it is graded: --resume reuses those graded in the same
+setting (GPU, driver, torch, CUDA, commit, copies, hidden tests), so a stopped run goes on where it was.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from utils.grade_tests import (assemble_tree, hidden_test_files, official_ids, o
 from utils.progress import duration, remaining, stream_process
 
 DEFAULT_OUT = REPO_ROOT / "build" / "grade"
+KEPT = DEFAULT_OUT / "phases"   # each phase's section of the last run, for --resume
 WORKER_TIMEOUT_S = 1800.0
 
 
@@ -277,6 +281,30 @@ def hand_over(args, reference: Path, student: Path) -> int:
     return subprocess.call(cmd, cwd=reference, env={**os.environ, "PYTHONPATH": str(reference)})
 
 
+def setting(gpu: bool, student: Path, reference: Path, hidden: Path | None) -> dict:
+    """What a phase's grade depends on besides the code: a kept section is reused only in the same one."""
+    from utils.results import env_stamp
+
+    env = env_stamp()
+    return {**{key: env[key] for key in ("gpu", "sms", "torch", "cuda", "driver", "commit")}, "gpu_available": gpu,
+            "student": str(student), "reference": str(reference), "hidden_tests": str(hidden) if hidden else None}
+
+
+def kept_section(phase: str, where: dict) -> dict | None:
+    """The section of phase kept by an earlier run in the same setting, if any."""
+    path = KEPT / f"{phase}.json"
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text())
+    return kept["section"] if kept.get("setting") == where else None
+
+
+def keep_section(phase: str, section: dict, where: dict) -> None:
+    path = KEPT / f"{phase}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"setting": where, "section": section}, indent=1, default=str) + "\n")
+
+
 def phase_rubrics(phase: str | None) -> dict[int, Path]:
     """The rubric of --phase (its number or folder name), or every rubric."""
     found = rubrics()
@@ -301,6 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden-tests", type=Path, metavar="DIR", help="a folder of the instructor's pytest files")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder (default build/grade/)")
     parser.add_argument("--test-timeout", type=float, default=3600.0, help="seconds per pytest run")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the phases a stopped run graded in the same setting (build/grade/phases/)")
     args = parser.parse_args(argv)
     student, reference = args.student.resolve(), args.reference.resolve()
     if reference != REPO_ROOT:
@@ -318,14 +348,21 @@ def main(argv=None) -> int:
         print(f"No CUDA GPU visible: the speed and the GPU tests cannot be graded here, so no phase gets a score "
               f"({NO_GPU}). The tests that need no GPU run and are listed in the report.", flush=True)
     tree = reference if student == reference else assemble_tree(student, reference, tree_dir(reference, student))
+    where = setting(gpu, student, reference, args.hidden_tests)
     sections, start = [], time.perf_counter()
     for n, (number, path) in enumerate(chosen.items(), 1):
         spent = time.perf_counter() - start
         left = remaining(n - 1, len(chosen), spent)
         print(f"\n=== grade: phase {n} of {len(chosen)} ({path.parent.name}), {duration(spent)} so far"
               f"{', ' + left if left else ''}", flush=True)
-        sections.append(grade_phase(path, tree, reference, gpu, args.hidden_tests, single_phase=not args.all,
-                                    lesson_paths=lesson_tests(number), timeout_s=args.test_timeout))
+        section = kept_section(path.parent.name, where) if args.resume else None
+        if section is not None:
+            print(f"== {path.parent.name}: graded by an earlier run in this setting (--resume)", flush=True)
+        else:
+            section = grade_phase(path, tree, reference, gpu, args.hidden_tests, single_phase=not args.all,
+                                  lesson_paths=lesson_tests(number), timeout_s=args.test_timeout)
+            keep_section(path.parent.name, section, where)
+        sections.append(section)
     report = build_report(sections, gpu, student, reference)
     json_path, md_path = write_report(report, args.out, "all" if args.all else sections[0]["phase"])
     for s in sections:

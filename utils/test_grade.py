@@ -357,6 +357,7 @@ def test_record_ids_are_dotted_module_paths():
 
 def test_without_a_gpu_nothing_is_scored(copies, tmp_path, monkeypatch, capsys):
     reference, _ = copies
+    monkeypatch.setattr(grade, "KEPT", tmp_path / "kept")
     monkeypatch.setattr(grade, "gpu_available", lambda: False)
     monkeypatch.setattr(grade, "rubrics", lambda: {9: reference / "phase9_fake" / "rubric.json"})
     monkeypatch.setattr(grade, "lesson_tests", lambda number: [])
@@ -371,6 +372,44 @@ def test_without_a_gpu_nothing_is_scored(copies, tmp_path, monkeypatch, capsys):
     assert dict(_outcomes(doc["phases"][0]))["test_needs_gpu"][0] == grade_rubric.NO_GPU
     md = (tmp_path / "out" / "phase9_fake.md").read_text()
     assert md.startswith("# Grade: phase9_fake: not graded: no GPU") and not SCORE.search(md)
+
+
+def test_resume_reuses_only_the_phases_graded_in_the_same_setting(tmp_path, monkeypatch):
+    """--resume takes a phase's kept section only when the GPU, commit, copies and hidden tests are
+    those of the run that kept it; without --resume every phase is graded again."""
+    graded = []
+
+    def fake_grade_phase(path, *args, **kwargs):
+        graded.append(path.parent.name)
+        return {"phase": path.parent.name, "title": path.parent.name, "points": 50.0, "max": 100,
+                "correctness": {"passed": 1, "total": 1, "counts": {}}}
+
+    commit = {"value": "c1"}
+    fake_env = lambda: {**ENV, "commit": commit["value"]}  # noqa: E731
+    monkeypatch.setattr("utils.results.env_stamp", fake_env)
+    monkeypatch.setattr(grade, "KEPT", tmp_path / "kept")
+    monkeypatch.setattr(grade, "gpu_available", lambda: True)
+    monkeypatch.setattr(grade, "rubrics", lambda: {8: tmp_path / "phase8_a" / "rubric.json",
+                                                   9: tmp_path / "phase9_b" / "rubric.json"})
+    monkeypatch.setattr(grade, "load_rubric", lambda path: {})
+    monkeypatch.setattr(grade, "lesson_tests", lambda number: [])
+    monkeypatch.setattr(grade, "grade_phase", fake_grade_phase)
+    monkeypatch.setattr(grade, "render_markdown", lambda report: "")
+
+    def run(*extra):
+        graded.clear()
+        assert grade.main(["--all", "--out", str(tmp_path / "out"), *extra]) == 0
+        return list(graded), json.loads((tmp_path / "out" / "all.json").read_text())
+
+    assert run()[0] == ["phase8_a", "phase9_b"]
+    (grade.KEPT / "phase9_b.json").unlink()             # as if the run had stopped during phase 9
+    done, report = run("--resume")
+    assert done == ["phase9_b"] and [s["phase"] for s in report["phases"]] == ["phase8_a", "phase9_b"]
+    assert report["points"] == 100.0
+    assert run("--resume")[0] == []                     # both kept
+    assert run()[0] == ["phase8_a", "phase9_b"]         # no --resume: graded again
+    commit["value"] = "c2"                              # another commit: nothing kept applies
+    assert run("--resume")[0] == ["phase8_a", "phase9_b"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message needs a machine without a GPU")

@@ -44,17 +44,26 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake(f"{NAME}::attention")
     def _attention_fake(q, k, v, is_causal, scale, key_lengths, return_lse, version):
-        B, H, Sq, _ = q.shape
+        B, H, Sq, D = q.shape
         lse = q.new_empty((B, H, Sq) if return_lse else (0,), dtype=torch.float32)
-        return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+        # o in q's layout family, as the op allocates it (hopper_ops.cpp)
+        if q.stride(1) < q.stride(2):
+            return q.new_empty((B, Sq, H, D)).transpose(1, 2), lse
+        return q.new_empty((B, H, Sq, D)), lse
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
 
 
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """x itself if its data starts on a 16-byte boundary (TMA needs it), else a copy."""
-    return x if x.data_ptr() % 16 == 0 else x.clone()
+def _tma_readable(x: torch.Tensor, check_address: bool = True) -> torch.Tensor:
+    """x itself if TMA can read it in place (the op's check_tma_layout: D contiguous, the other
+    strides positive multiples of 16 bytes, the data 16-byte aligned), else a contiguous copy.
+    check_address=False while tracing (a traced tensor has no data pointer)."""
+    rows_ok = x.is_contiguous() or (x.stride(-1) == 1 and all(
+        n == 1 or (s > 0 and s * x.element_size() % 16 == 0) for n, s in zip(x.shape[:-1], x.stride()[:-1])))
+    if rows_ok and (not check_address or x.data_ptr() % 16 == 0):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,11 +87,14 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
 
     q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H a multiple of H_kv (grouped-query attention:
     query head h reads K/V head h // (H // H_kv), nothing copied): CUDA float16 or bfloat16 (the
-    same dtype), D in SUPPORTED_D; non-contiguous or misaligned inputs are copied. is_causal: query i sees keys
+    same dtype), D in SUPPORTED_D, any strides with D contiguous (views of [B, S, H, D] or of a packed
+    qkv are read in place; a layout TMA cannot read is copied). is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. return_lse: also return the FP32 row logsumexp [B, H, Sq] (natural log; -inf for
     rows with no visible key). version: one of VERSIONS. mask: not supported (raises).
-    Returns out, or (out, lse).
+    Returns out, or (out, lse); out is [B, H, Sq, D] in q's layout family: a view of [B, Sq, H, D]
+    memory when q's heads are interleaved within a position (q.stride(1) < q.stride(2)), else
+    contiguous.
     """
     if mask is not None:
         raise ValueError("mask is not supported by the Hopper kernel (causal and key_lengths only): "
@@ -93,12 +105,13 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale, grouped=True)
+        is_causal=is_causal, scale=scale, grouped=True, contiguous=False)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if not torch.compiler.is_compiling():  # traced tensors have no data pointer nor a device to ask
+    tracing = torch.compiler.is_compiling()  # traced tensors have no data pointer nor a device to ask
+    if not tracing:
         check_hopper(q.device)
-        q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    q, k, v = (_tma_readable(x, check_address=not tracing) for x in (q, k, v))
     out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse,
                                 VERSIONS.index(version) + 1)
     return (out, lse) if return_lse else out

@@ -14,14 +14,16 @@ namespace hopper {
 // Head dims with compiled kernels: a K/V row is one or two 128-byte swizzle panels (README: Why D = 64 and 128).
 inline bool supported_head_dim(int64_t d) { return d == 64 || d == 128; }
 
-// The kernels' arguments. q, k, v are seen by TMA as 3-D tensors [B*H][S][D] (D contiguous): the
-// box of a tile is 64 columns (one 128-byte swizzle panel) x Rows rows x 1 matrix, so rows past S
-// of one head are zero-filled instead of read from the next head.
+// The kernels' arguments. q, k, v are seen by TMA as 4-D tensors (D, S, heads, B) with their own
+// strides (D contiguous; [B, H, S, D] or a view of [B, S, H, D], of a packed qkv, ...): the box of a
+// tile is 64 columns (one 128-byte swizzle panel) x Rows rows x 1 head x 1 batch, so rows past S of
+// one head are zero-filled instead of read from the next head.
 struct Params {
-  CUtensorMap q_map;          // box 64 x kBM x 1
-  CUtensorMap k_map;          // box 64 x kBN x 1
-  CUtensorMap v_map;          // box 64 x kBN x 1
-  void* o;                    // [B, H, Sq, D], q's dtype, contiguous
+  CUtensorMap q_map;          // box 64 x kBM x 1 x 1
+  CUtensorMap k_map;          // box 64 x kBN x 1 x 1
+  CUtensorMap v_map;          // box 64 x kBN x 1 x 1
+  void* o;                    // [B, H, Sq, D], q's dtype, D contiguous
+  int64_t o_stride_b, o_stride_h, o_stride_s;  // o's strides in elements
   float* lse;                 // [B, H, Sq] natural-log logsumexp, or nullptr
   const int* key_lengths;     // [B] clamped to [0, Sk], or nullptr (every key valid)
   int B, H, Sq, Sk;

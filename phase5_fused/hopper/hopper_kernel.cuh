@@ -67,14 +67,14 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk, int panel
   return static_cast<uint32_t>((chunk / 8) * panel_bytes + row * kPanelBytes + (((chunk % 8) ^ (row % 8)) * 16));
 }
 
-// Issue the TMA copies of one [rows x D] tile (D / 64 boxes of 64 columns) at row `row0` of matrix
-// `bh`, announcing their bytes on `bar` first. One thread calls this.
+// Issue the TMA copies of one [rows x D] tile (D / 64 boxes of 64 columns) at row `row0` of head
+// `head` of batch `batch`, announcing their bytes on `bar` first. One thread calls this.
 template <int D>
 __device__ __forceinline__ void load_tile(unsigned char* dst, int panel_bytes, const CUtensorMap* map, uint64_t* bar,
-                                          int row0, int bh) {
+                                          int row0, int head, int batch) {
   mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>((D / 64) * panel_bytes));
 #pragma unroll
-  for (int p = 0; p < D / 64; ++p) tma_load_3d(dst + p * panel_bytes, map, bar, p * 64, row0, bh);
+  for (int p = 0; p < D / 64; ++p) tma_load_4d(dst + p * panel_bytes, map, bar, p * 64, row0, head, batch);
 }
 
 // Where a block's keys stop being visible to a warpgroup. key_lengths padding: keys at or past
@@ -87,8 +87,9 @@ struct Visibility {
 // Which query rows and which K/V a block works on, and how many key blocks it visits.
 struct Block {
   int m0;         // first query row of the kBM-row tile
-  int bh;         // matrix of q and o: batch * H + head
-  int kv_bh;      // matrix of k and v: batch * H_kv + the head's KV head
+  int batch;
+  int head;       // query head: of q, o and lse
+  int kv_head;    // the head's K/V head (grouped-query attention: head / (H / H_kv))
   Visibility vis;
   int n_blocks;   // key blocks visited: up to the last visible key
 };
@@ -96,8 +97,9 @@ struct Block {
 __device__ __forceinline__ Block block_of(const Params& p) {
   Block b;
   b.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM;  // long causal rows start first
-  b.bh = blockIdx.z * p.H + blockIdx.y;
-  b.kv_bh = blockIdx.z * p.H_kv + blockIdx.y / (p.H / p.H_kv);
+  b.batch = blockIdx.z;
+  b.head = blockIdx.y;
+  b.kv_head = blockIdx.y / (p.H / p.H_kv);
   b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
   const int kv_end = p.causal ? min(b.vis.kv_len, b.m0 + kBM) : b.vis.kv_len;
   b.n_blocks = (kv_end + kBN - 1) / kBN;
@@ -262,8 +264,9 @@ __device__ __forceinline__ void zero_padded_rows(unsigned char* v_stage, int fir
 // barrier of the warpgroup's 128 threads.
 template <typename T, int D>
 __device__ __forceinline__ void store_output(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
-                                             unsigned char* sQ, int wg, int m0, const Params& p, int64_t bh,
+                                             unsigned char* sQ, int wg, const Params& p, const Block& b,
                                              int barrier) {
+  const int m0 = b.m0;
   const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
   const int lane = tid % 32;
   const int tile_row = wg * 64 + (tid / 32) * 16 + lane / 4;  // row g in the kBM tile
@@ -281,11 +284,11 @@ __device__ __forceinline__ void store_output(const float (&o)[D / 2], const floa
       *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
     if (p.lse != nullptr && lane % 4 == 0 && m0 + row < p.Sq)
-      p.lse[bh * p.Sq + m0 + row] = total > 0.0f ? m[h] * kLn2 + logf(total) : -CUDART_INF_F;
+      p.lse[(static_cast<int64_t>(b.batch) * p.H + b.head) * p.Sq + m0 + row] = total > 0.0f ? m[h] * kLn2 + logf(total) : -CUDART_INF_F;
   }
   // END SOLUTION
   named_barrier_sync(barrier, kWarpgroup);
-  T* out = static_cast<T*>(p.o) + bh * p.Sq * D;
+  T* out = static_cast<T*>(p.o) + b.batch * p.o_stride_b + b.head * p.o_stride_h;
   constexpr int kChunks = D / 8;
 #pragma unroll
   for (int n = 0; n < 64 * kChunks / kWarpgroup; ++n) {
@@ -294,7 +297,7 @@ __device__ __forceinline__ void store_output(const float (&o)[D / 2], const floa
     const int c = idx % kChunks;
     if (m0 + row < p.Sq) {
       const uint4 val = *reinterpret_cast<const uint4*>(sQ + swizzled_chunk(row, c, kBM * kPanelBytes));
-      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + row) * D + c * 8) = val;
+      *reinterpret_cast<uint4*>(out + (m0 + row) * p.o_stride_s + c * 8) = val;
     }
   }
 }

@@ -34,21 +34,36 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// x [B, H, S, D] as TMA sees it: a 3-D tensor (D, S, B*H) with boxes of 64 columns x `rows` rows,
-// written to shared memory with the 128-byte swizzle; out-of-bounds elements read as zeros.
+// TMA reads any layout whose rows are contiguous: x's last dim (D) of stride 1, its other strides
+// positive multiples of 16 bytes (a dim of size 1 is never stepped over), its data 16-byte aligned.
+void check_tma_layout(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.stride(3) == 1, name, "'s last dim (D) must be contiguous (stride 1), got strides ", x.strides());
+  for (int d = 0; d < 3; ++d)
+    TORCH_CHECK(x.size(d) == 1 || (x.stride(d) > 0 && x.stride(d) * x.element_size() % 16 == 0), name,
+                "'s strides must be positive multiples of 16 bytes for TMA, got ", x.strides(), ": pass ", name,
+                ".contiguous()");
+  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0, name,
+              " must start at a 16-byte aligned address (TMA needs it): pass ", name, ".clone()");
+}
+
+// x [B, H, S, D] as TMA sees it: a 4-D tensor (D, S, H, B) with x's strides and boxes of 64 columns x
+// `rows` rows x 1 x 1, written to shared memory with the 128-byte swizzle; out-of-bounds elements
+// read as zeros. A dim of size 1 gets a stride of one row: valid for TMA, and never used.
 CUtensorMap make_tensor_map(const at::Tensor& x, int rows) {
-  const uint64_t D = x.size(3), S = x.size(2), BH = x.size(0) * x.size(1);
-  const cuuint64_t dims[3] = {D, S, BH};
-  const cuuint64_t strides[2] = {D * x.element_size(), S * D * x.element_size()};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const int64_t e = x.element_size();
+  auto stride_bytes = [&](int d) { return static_cast<cuuint64_t>((x.size(d) == 1 ? x.size(3) : x.stride(d)) * e); };
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(x.size(3)), static_cast<cuuint64_t>(x.size(2)),
+                              static_cast<cuuint64_t>(x.size(1)), static_cast<cuuint64_t>(x.size(0))};
+  const cuuint64_t strides[3] = {stride_bytes(2), stride_bytes(1), stride_bytes(0)};  // bytes: S, head, batch
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   const CUresult r = encode_tiled()(
-      &map, x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      &map, x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
       x.data_ptr(), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for shape ",
-              x.sizes());
+              x.sizes(), " and strides ", x.strides());
   return map;
 }
 
@@ -58,7 +73,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              int64_t version) {
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the Hopper kernel, got ", q.scalar_type());
-  const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true);
+  const course::AttentionShape s =
+      course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true, /*rows_contiguous=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
   TORCH_CHECK(version >= 1 && version <= 4, "version must be 1, 2, 3 or 4, got ", version);
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max() &&
@@ -66,9 +82,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               "q and k sequence lengths and B * H must fit in int32");
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
-  for (const at::Tensor* x : {&q, &k, &v})
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x->data_ptr()) % 16 == 0,
-                "q, k and v must start at 16-byte aligned addresses (TMA needs it): pass x.clone()");
+  check_tma_layout(q, "q");
+  check_tma_layout(k, "k");
+  check_tma_layout(v, "v");
 
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -85,7 +101,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     // Lengths past Sk mean "all keys", negative ones "no key": clamp, then int32 for the kernel.
     lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
   }
-  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  // o in q's layout family: [B, Sq, H, D] memory seen as [B, H, Sq, D] when q's heads are interleaved
+  // within a position (heads split from [B, S, H * D] activations: merging them back is then free),
+  // else contiguous [B, H, Sq, D]. The op's fake (__init__.py) follows the same rule.
+  const bool heads_inner = q.stride(1) < q.stride(2);
+  at::Tensor out = heads_inner ? at::empty({s.B, s.Sq, s.H, s.D}, q.options()).transpose(1, 2)
+                               : at::empty({s.B, s.H, s.Sq, s.D}, q.options());
   at::Tensor lse = return_lse ? at::empty({s.B, s.H, s.Sq}, q.options().dtype(at::kFloat))
                               : at::empty({0}, q.options().dtype(at::kFloat));
 
@@ -105,6 +126,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.k_map = make_tensor_map(k, hopper::kBN);
   p.v_map = make_tensor_map(v, hopper::kBN);
   p.o = out.data_ptr();
+  p.o_stride_b = out.stride(0);
+  p.o_stride_h = out.stride(1);
+  p.o_stride_s = out.stride(2);
   p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
   p.key_lengths = lengths.defined() ? lengths.data_ptr<int>() : nullptr;
   p.B = static_cast<int>(s.B);

@@ -72,16 +72,16 @@ __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, co
     tma_prefetch_map(&p.q_map);
     tma_prefetch_map(&p.k_map);
     tma_prefetch_map(&p.v_map);
-    load_tile<D>(smem + L::kQ, L::kQPanel, &p.q_map, pipe.full_q, b.m0, b.bh);
+    load_tile<D>(smem + L::kQ, L::kQPanel, &p.q_map, pipe.full_q, b.m0, b.head, b.batch);
     for (int j = 0; j < b.n_blocks; ++j) {
       const int s = j % kStages;
       // The stage's previous block is j - kStages; on the first pass the parity of the phase
       // before the first one returns at once.
       const uint32_t released = ((j / kStages) & 1) ^ 1;
       mbarrier_wait(&pipe.empty_k[s], released);
-      load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], j * kBN, b.kv_bh);
+      load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], j * kBN, b.kv_head, b.batch);
       mbarrier_wait(&pipe.empty_v[s], released);
-      load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], j * kBN, b.kv_bh);
+      load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], j * kBN, b.kv_head, b.batch);
     }
   }
   const int last = b.n_blocks - 1;

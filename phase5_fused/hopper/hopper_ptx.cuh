@@ -72,16 +72,16 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// TMA. Copies the box at coordinates (c0 = column, c1 = row, c2 = matrix) of the tensor that
-// `tmap` describes into shared memory at `dst`, laid out (and swizzled) as the map says; elements
-// outside the tensor are written as zeros. The bytes are counted on `bar` (complete_tx).
+// TMA. Copies the box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of the tensor
+// that `tmap` describes into shared memory at `dst`, laid out (and swizzled) as the map says;
+// elements outside the tensor are written as zeros. The bytes are counted on `bar` (complete_tx).
 
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* tmap, uint64_t* bar, int c0, int c1,
-                                            int c2) {
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* tmap, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
       "[%2];\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 

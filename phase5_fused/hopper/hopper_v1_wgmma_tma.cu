@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   // The query tile, its K/V, and the key blocks it visits: the valid keys, with causal only up to
   // the last row's diagonal.
   const Block b = block_of(p);
-  const int m0 = b.m0, bh = b.bh, n_blocks = b.n_blocks;
+  const int m0 = b.m0, n_blocks = b.n_blocks;
   const Visibility vis = b.vis;
 
   // Barriers: one arrival (thread 0's expect_tx) plus the TMA bytes complete each phase.
@@ -50,14 +50,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   // Load Q_i and the first kStages blocks of K, V (nothing at all when no key is visible).
   auto load_kv = [&](int j) {
     const int s = j % kStages;
-    load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &full_k[s], j * kBN, b.kv_bh);
-    load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, b.kv_bh);
+    load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &full_k[s], j * kBN, b.kv_head, b.batch);
+    load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &full_v[s], j * kBN, b.kv_head, b.batch);
   };
   if (threadIdx.x == 0 && n_blocks > 0) {
     tma_prefetch_map(&p.q_map);
     tma_prefetch_map(&p.k_map);
     tma_prefetch_map(&p.v_map);
-    load_tile<D>(sQ, L::kQPanel, &p.q_map, full_q, m0, bh);
+    load_tile<D>(sQ, L::kQPanel, &p.q_map, full_q, m0, b.head, b.batch);
     for (int j = 0; j < min(kStages, n_blocks); ++j) load_kv(j);
   }
 
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   }
 
   // O / l and lse, through this warpgroup's rows of the Q tile.
-  store_output<T, D>(o, m, l, sQ, wg, m0, p, bh, 2 + wg);
+  store_output<T, D>(o, m, l, sQ, wg, p, b, 2 + wg);
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     release(&pipe.empty_v[s]);
   }
 
-  store_output<T, D>(o, m, l, sQ, wg, b.m0, p, b.bh, kEpilogueBarrier + wg);
+  store_output<T, D>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
 }
 
 }  // namespace

@@ -230,7 +230,54 @@ def test_non_contiguous_and_misaligned_inputs():
     flat = torch.empty(k.numel() + 1, dtype=k.dtype, device="cuda")
     k_off = flat[1:].view_as(k).copy_(k)  # 2 bytes past a 16-byte boundary
     assert k_off.data_ptr() % 16 != 0
-    out = hopper.attention(q_t, k_off, v)
+    v_odd = torch.empty(B, H, S, D + 4, dtype=v.dtype, device="cuda")[..., :D].copy_(v)  # rows 136 bytes apart
+    assert v_odd.stride(2) * v_odd.element_size() % 16 != 0
+    out = hopper.attention(q_t, k_off, v_odd)
+    assert_close(out, reference.attention(q, k, v), dtype=torch.float16, rel_tol=TOL[torch.float16], seed_info=info)
+
+
+def packed_qkv(B, S, H, H_kv, D, dtype):
+    """q [B, H, S, D] and k, v [B, H_kv, S, D] as views of one [B, S, (H + 2 H_kv) * D] projection
+    output (a model's fused qkv linear)."""
+    qkv = randn(B, S, (H + 2 * H_kv) * D, dtype=dtype)
+    q = qkv[..., :H * D].view(B, S, H, D).transpose(1, 2)
+    k = qkv[..., H * D:(H + H_kv) * D].view(B, S, H_kv, D).transpose(1, 2)
+    v = qkv[..., (H + H_kv) * D:].view(B, S, H_kv, D).transpose(1, 2)
+    return q, k, v
+
+
+@requires_hopper
+@pytest.mark.parametrize("version", hopper.VERSIONS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("H_kv", [4, 2])
+def test_views_of_a_packed_projection_are_read_in_place(version, D, H_kv):
+    """q, k, v as strided views of one qkv projection ([B, S, H, D] memory, heads interleaved, S no
+    multiple of the tiles): the TMA maps carry the strides, so no copy is made, and o comes back in
+    the same [B, S, H, D] layout, so merging the heads is a view."""
+    B, S, H = 2, 333, 4
+    q, k, v = packed_qkv(B, S, H, H_kv, D, torch.float16)
+    assert all(hopper._tma_readable(x) is x for x in (q, k, v))
+    lengths = torch.tensor([S, 200], device="cuda", dtype=torch.int32)
+    for causal in (False, True):
+        out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True, version=version)
+        ref, ref_lse = reference.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True)
+        what = f"{version} D={D} H_kv={H_kv} causal={causal}"
+        assert_close(out, ref, dtype=torch.float16, rel_tol=TOL[torch.float16], what=what)
+        assert_close(lse, ref_lse, dtype=torch.float32, rel_tol=1e-4, what=f"lse {what}")
+        assert out.shape == (B, H, S, D) and out.stride() == (S * H * D, D, H * D, 1), out.stride()
+        assert out.transpose(1, 2).reshape(B, S, H * D).data_ptr() == out.data_ptr()  # merge_heads: a view
+
+
+@requires_hopper
+def test_output_layout_follows_q():
+    """o is contiguous [B, H, S, D] for a q in that layout, and [B, S, H, D] memory for a q whose
+    heads are interleaved within a position; k and v's layouts do not matter."""
+    q, k, v, info = make_qkv(2, 3, 50, 70, 64, torch.float16)
+    k_t = k.transpose(1, 2).contiguous().transpose(1, 2)
+    assert hopper.attention(q, k_t, v).is_contiguous()
+    q_t = q.transpose(1, 2).contiguous().transpose(1, 2)
+    out = hopper.attention(q_t, k, v)
+    assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
     assert_close(out, reference.attention(q, k, v), dtype=torch.float16, rel_tol=TOL[torch.float16], seed_info=info)
 
 
@@ -390,8 +437,11 @@ def test_op_checks_name_the_argument():
     past_last = len(hopper.VERSIONS) + 1
     with pytest.raises(RuntimeError, match=f"version must be 1, .*got {past_last}"):
         ops.attention(q, k, v, False, 0.125, None, False, past_last)
-    with pytest.raises(RuntimeError, match="q must be contiguous"):
+    with pytest.raises(RuntimeError, match="q's last dim \\(D\\) must be contiguous"):
         ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, False, 0.125, None, False, 2)
+    odd_rows = torch.empty(1, 2, 24, 68, dtype=k.dtype, device="cuda")[..., :64]
+    with pytest.raises(RuntimeError, match="k's strides must be positive multiples of 16 bytes"):
+        ops.attention(q, odd_rows, v, False, 0.125, None, False, 2)
     flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         ops.attention(flat[1:].view_as(q), k, v, False, 0.125, None, False, 2)
