@@ -613,12 +613,14 @@ def test_cuda_mode_matches_reference(mode, dtype, shape, case):
 
 
 @requires_gpu
-def test_auto_picks_fused_for_fp32_and_fused_tc_for_half():
+def test_auto_picks_fused_for_fp32_and_a_tensor_core_kernel_for_half():
+    """FP16: the Hopper kernel on sm_90, the mma.sync kernel on any other GPU."""
     q, k, v = random_qkv(2, 2, 50, 50, 64)
     assert torch.equal(cuda_attention_forward(q, k, v, is_causal=True),
                        cuda_attention_forward(q, k, v, mode="fused", is_causal=True))
     qh, kh, vh = (t.half() for t in (q, k, v))
-    assert torch.equal(cuda_attention_forward(qh, kh, vh), cuda_attention_forward(qh, kh, vh, mode="fused_tc"))
+    half_mode = "fused_hopper" if tuple(torch.cuda.get_device_capability()) == (9, 0) else "fused_tc"
+    assert torch.equal(cuda_attention_forward(qh, kh, vh), cuda_attention_forward(qh, kh, vh, mode=half_mode))
     q48, k48, v48 = random_qkv(1, 2, 20, 20, 48)
     assert torch.equal(cuda_attention_forward(q48, k48, v48), cuda_attention_forward(q48, k48, v48, mode="coalesced"))
     with pytest.raises(UnsupportedModeError, match=r"Modes that would: \['fused_tc', 'reference'\]"):
