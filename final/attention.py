@@ -91,7 +91,8 @@ class ModeInfo:
         has fewer heads than q; window: a sliding window is given)."""
         if self.cuda and device_type != "cuda":
             return f"needs CUDA tensors (got {device_type})"
-        if self.capability is not None and capability != self.capability:
+        # tuple(): torch 2.11's compiler fails on != between the constant _capability returns and a tuple
+        if self.capability is not None and (capability is None or tuple(capability) != self.capability):
             return f"needs a GPU of compute capability {self.capability} (got {capability})"
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"needs {'/'.join(_dt(d) for d in self.dtypes)} (got {_dt(dtype)})"

@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from final import attention as A
+from phase5_fused import hopper
 from final.attention import (AUTO_ORDER, MODES, CUDAAttention, UnsupportedModeError, attention_gpt2,
                              cuda_attention_forward, merge_heads, resolve_mode, split_heads, supported_modes)
 from utils import reference
@@ -193,6 +194,22 @@ def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkey
         assert resolve_mode("auto", q) == "fused_tc"
         with pytest.raises(UnsupportedModeError, match=r"compute capability \(9, 0\) \(got \(8, 6\)\)"):
             resolve_mode("fused_hopper", q)
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 6)])
+def test_mode_rules_trace_under_compile_with_a_gpus_capability(monkeypatch, capability):
+    """Under torch.compile the capability is the compiler's constant (_capability); the rules compare
+    it with each mode's and must trace (torch 2.11 could not trace != on that constant)."""
+    monkeypatch.setattr(hopper, "device_capability", lambda index: capability)
+
+    def usable_modes(x):
+        facts = ("cuda", x.dtype, 64, None, False, False, A._capability(0), False, False)
+        return x + sum(A.MODE_INFO[m].rejects(*facts) is None for m in A.MODE_INFO)
+
+    for dtype in (torch.float16, torch.float32):
+        x = torch.zeros(1, dtype=dtype)
+        torch._dynamo.reset()
+        assert torch.compile(usable_modes, fullgraph=True, backend="eager")(x).item() == usable_modes(x).item()
 
 
 @pytest.mark.usefixtures("sm80")
