@@ -293,16 +293,24 @@ def test_repeated_calls_agree(version):
 
 @requires_hopper
 def test_fake_tensor_shapes():
-    """The registered fake implementation (for torch.compile) gives q's shape and dtype, FP32 lse."""
+    """The registered fake implementation (for torch.compile) gives q's shape and dtype, FP32 lse,
+    and the op's output layout: contiguous for a [B, H, S, D] q, [B, S, H, D] memory for a q whose
+    heads are interleaved (the strides the real op returns)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     ops = hopper.load()
-    with FakeTensorMode():
-        q = torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda")
-        k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
-        out, lse = ops.attention(q, k, k, True, 0.125, None, True, 2)
-    assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
-    assert lse.shape == (2, 3, 17) and lse.dtype == torch.float32
+    layouts = {"BHSD": lambda x: x, "BSHD": lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)}
+    for name, layout in layouts.items():
+        real_q = layout(torch.randn(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda"))
+        real_k = torch.randn(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
+        real_out, _ = ops.attention(real_q, real_k, real_k, True, 0.125, None, True, 2)
+        with FakeTensorMode():
+            q = layout(torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda"))
+            k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
+            out, lse = ops.attention(q, k, k, True, 0.125, None, True, 2)
+        assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
+        assert out.stride() == real_out.stride(), (name, out.stride(), real_out.stride())
+        assert lse.shape == (2, 3, 17) and lse.dtype == torch.float32
 
 
 @requires_hopper
