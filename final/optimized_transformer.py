@@ -117,15 +117,13 @@ class OptimizedTransformer(nn.Module):
         B, S, C = h.shape
         H = attn.n_head
         qkv = F.linear(h, attn.qkv.weight, attn.qkv.bias).view(B, S, 3, H, C // H)
-        if prefill:
-            if cache is not None:
-                cache.write(layer, where, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [B, H, S, D] views of the projection: no copy here
-            with record_function("attention"):
-                out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
-        else:
+        if cache is not None:
             cache.write(layer, where, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # the new K and V, one copy
-            with record_function("attention"):  # the new queries against every cached key (flash-decoding)
+        with record_function("attention"):
+            if prefill:
+                q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [B, H, S, D] views of the projection: no copy here
+                out = cuda_attention_forward(q, k, v, mode=self.attention_mode, is_causal=True)
+            else:  # the new queries against every cached key (flash-decoding)
                 out = decode.attention(qkv[:, :, 0].transpose(1, 2), cache.keys(layer), cache.values(layer),
                                        cache.lengths, page_table=cache.page_table)
         return F.linear(merge_heads(out), attn.proj.weight, attn.proj.bias)

@@ -5,13 +5,13 @@
 
 #include <c10/cuda/CUDAException.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "decode.h"
 #include "decode_common.cuh"
+#include "shared_memory_opt_in.h"
 
 namespace phase5_decode {
 
@@ -118,19 +118,12 @@ __device__ __forceinline__ void store_result(const Params& p, int split, int64_t
 }
 
 // Launch split kernel kKernel on the (split, sequence x KV head, row chunk) grid with `smem` bytes
-// of dynamic shared memory. Above 48 KB a kernel must opt in, once per device, for the most it will
-// ever ask: kMaxSmem.
+// of dynamic shared memory, opted in (once per device) for the most it will ever ask: kMaxSmem.
 template <void (*kKernel)(Params), size_t kMaxSmem>
 void launch_split_grid(const Params& p, size_t smem, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kMaxSmem)));
-    opted_in.fetch_or(bit);
-  }
+  course::opt_in_shared_memory<kKernel>(device, static_cast<int>(kMaxSmem));
   const dim3 grid(p.num_splits, p.B * p.H_kv, course::ceil_div(p.rows, p.rows_per_block));
   kKernel<<<grid, kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

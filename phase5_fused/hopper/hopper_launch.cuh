@@ -5,25 +5,20 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "hopper_kernel.cuh"
+#include "shared_memory_opt_in.h"
 
 namespace hopper {
 
 // Launch kKernel with kThreads threads and kSmem bytes of dynamic shared memory per CTA, one CTA per
-// kBM query rows of each (head, batch). Above 48 KB a kernel must opt in, once per device.
+// kBM query rows of each (head, batch).
 template <void (*kKernel)(Params), int kSmem, int kThreads>
 void launch_kernel(const Params& p, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  static std::atomic<uint64_t> opted_in{0};  // bit d: the shared-memory opt-in is done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    opted_in.fetch_or(bit);
-  }
+  course::opt_in_shared_memory<kKernel>(device, kSmem);
   const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
   kKernel<<<grid, kThreads, kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

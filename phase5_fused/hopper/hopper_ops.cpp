@@ -34,10 +34,10 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// TMA reads any layout whose rows are contiguous: x's last dim (D) of stride 1, its other strides
-// positive multiples of 16 bytes (a dim of size 1 is never stepped over), its data 16-byte aligned.
+// TMA reads any layout whose rows are contiguous (check_qkv's rows_contiguous) and whose other
+// strides are positive multiples of 16 bytes (a dim of size 1 is never stepped over), from data
+// 16-byte aligned.
 void check_tma_layout(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.stride(3) == 1, name, "'s last dim (D) must be contiguous (stride 1), got strides ", x.strides());
   for (int d = 0; d < 3; ++d)
     TORCH_CHECK(x.size(d) == 1 || (x.stride(d) > 0 && x.stride(d) * x.element_size() % 16 == 0), name,
                 "'s strides must be positive multiples of 16 bytes for TMA, got ", x.strides(), ": pass ", name,

@@ -29,11 +29,11 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
 #include "cp_async.cuh"
+#include "shared_memory_opt_in.h"
 #include "tc_attention.h"
 #include "tc_mma.cuh"
 
@@ -428,21 +428,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 template <typename T, int D, bool kHasMask, bool kWindow>
 void launch(const Params& p, int B, cudaStream_t stream) {
   constexpr size_t smem = smem_bytes<D, T>();
-  auto* kernel = tc_attention_kernel<T, D, kHasMask, kWindow>;
+  constexpr auto* kernel = tc_attention_kernel<T, D, kHasMask, kWindow>;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TORCH_CHECK(major >= 8, "the tensor-core attention kernel needs compute capability 8.0 or newer "
               "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
-  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
-  static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load() & bit) == 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    opted_in.fetch_or(bit);
-  }
+  course::opt_in_shared_memory<kernel>(device, static_cast<int>(smem));
   const dim3 grid(course::ceil_div(p.Sq, Tile<D>::kBr), p.H, B);
   kernel<<<grid, kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

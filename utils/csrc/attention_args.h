@@ -33,8 +33,8 @@ inline int64_t check_window(int64_t window, bool causal, int64_t Sq) {
 }
 
 // q [B,H,Sq,D], k [B,H,Sk,D], v [B,H,Sk,D]: CUDA, contiguous, of `dtype`, same device.
-// grouped: k and v may have H_kv heads instead of H (check_kv_heads). rows_contiguous: any strides
-// (the kernel reads them; it checks what else it needs), only the rows (D) contiguous.
+// grouped: k and v may have H_kv heads instead of H (check_kv_heads). rows_contiguous: only the
+// rows (D) need be contiguous, any other strides (a kernel that reads them checks what else it needs).
 inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 at::ScalarType dtype, bool grouped = false, bool rows_contiguous = false) {
   const at::Tensor* tensors[] = {&q, &k, &v};
@@ -44,7 +44,12 @@ inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const 
     TORCH_CHECK(x.is_cuda(), names[t], " must be a CUDA tensor, got device ", x.device());
     TORCH_CHECK(x.scalar_type() == dtype, names[t], " must be ", dtype, ", got ", x.scalar_type());
     TORCH_CHECK(x.dim() == 4, names[t], " must be 4-D [B, H, S, D], got ", x.sizes());
-    TORCH_CHECK(rows_contiguous || x.is_contiguous(), names[t], " must be contiguous");
+    if (rows_contiguous) {
+      TORCH_CHECK(x.stride(3) == 1, names[t], "'s last dim (D) must be contiguous (stride 1), got strides ",
+                  x.strides());
+    } else {
+      TORCH_CHECK(x.is_contiguous(), names[t], " must be contiguous");
+    }
     TORCH_CHECK(x.device() == q.device(), names[t], " must be on the same device as q");
   }
   const AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
