@@ -1,5 +1,8 @@
 # Thin wrappers; every target runs with the interpreter utils/env.sh picks (and sets up if needed).
 PY := $(shell sh utils/env.sh)
+ifeq ($(strip $(PY)),)
+$(error utils/env.sh found or set up no Python interpreter (its messages are above); nothing was run)
+endif
 
 .PHONY: run test build profile sanitize notebook student grade clean
 
