@@ -11,6 +11,7 @@ from the two records a GPU run commits (never typed by hand):
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from utils.build import REPO_ROOT
@@ -40,8 +41,10 @@ def tests_row(path: str, grade: dict | None) -> str:
              if t["id"].startswith((prefix + ".", prefix + "::"))]
     if not ran_on_gpu or not tests:
         return row(f"pytest {path}", "not recorded on a GPU yet", None)
-    passed = sum(t["outcome"] == "passed" for t in tests)
-    return row(f"pytest {path}", f"{passed} of {len(tests)} passed", grade["env"])
+    outcomes = Counter(t["outcome"] for t in tests)
+    others = [f"{n} {outcome}" for outcome, n in sorted(outcomes.items()) if outcome != "passed"]
+    result = ", ".join([f"{outcomes['passed']} of {len(tests)} passed", *others])
+    return row(f"pytest {path}", result, grade["env"])
 
 
 def sanitize_row(module: str, record: dict | None) -> str:

@@ -24,8 +24,8 @@ def _sanitized(*runs):
 def test_tests_row_counts_the_tests_under_the_path_in_a_gpu_run():
     assert gpu_checks.tests_row("phase9_demo", _grade("passed", "passed")) == \
         "| pytest phase9_demo | 3 of 3 passed | GPU X | abc1234 | 2026-01-02 |"
-    assert "| 1 of 2 passed |" in gpu_checks.tests_row("phase9_demo/test_a.py", _grade("passed", "skipped"))
-    assert "| 2 of 3 passed |" in gpu_checks.tests_row("phase9_demo/", _grade("passed", "failed"))
+    assert "| 1 of 2 passed, 1 skipped |" in gpu_checks.tests_row("phase9_demo/test_a.py", _grade("passed", "skipped"))
+    assert "| 2 of 3 passed, 1 failed |" in gpu_checks.tests_row("phase9_demo/", _grade("passed", "failed"))
     assert gpu_checks.tests_row("phase9_demo", _grade("passed", gpu=False)) == \
         "| pytest phase9_demo | not recorded on a GPU yet | – | – | – |"
     assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_demo", None)
