@@ -198,7 +198,7 @@ def measure(impls, configs, models: Models, notes: list[str]) -> list[dict]:
                 model = models.get(impl)
                 err = rel_error(logits, ref) if ref is not None and impl != ref_impl else None
                 del logits
-                ms = time_cuda(lambda: model(idx), warmup=3, reps=10, max_seconds=2.0)
+                ms = time_cuda(lambda: model(idx), warmup=3, reps=10, max_seconds=2.0, gpu_only=False)  # wall time
                 extra = peak_extra_mb(lambda: model(idx))
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()

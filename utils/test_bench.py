@@ -1,15 +1,37 @@
-"""The timing helper's arguments (CPU) and both L2 flushes (GPU)."""
+"""The timing helper's arguments and head start (CPU), both L2 flushes and what the events time (GPU)."""
 
 import pytest
 import torch
 
-from utils.bench import FLUSHES, time_cuda
+import time
+
+from utils.bench import FLUSHES, MAX_HEAD_START_S, SPIN_CLOCK_HZ, head_start_cycles, time_cuda
 from utils.testing import requires_gpu
 
 
 def test_unknown_flush_is_named():
     with pytest.raises(ValueError, match="flush must be one of"):
         time_cuda(lambda: None, flush="invalidate")
+
+
+def test_head_start_is_twice_the_host_time_capped():
+    assert head_start_cycles(1e-4) == int(2e-4 * SPIN_CLOCK_HZ)
+    assert head_start_cycles(-1.0) == 0
+    assert head_start_cycles(10.0) == int(MAX_HEAD_START_S * SPIN_CLOCK_HZ)
+
+
+@requires_gpu
+def test_gpu_only_keeps_the_host_time_out_of_the_events():
+    """A call that spends 2 ms on the host before a tiny kernel: the events see the kernel alone with
+    the head start, and the host's 2 ms without it."""
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_call():
+        time.sleep(0.002)
+        x.add_(1)
+
+    assert time_cuda(slow_host_call, reps=7, flush_l2=False) < 0.5
+    assert time_cuda(slow_host_call, reps=7, flush_l2=False, gpu_only=False) > 1.5
 
 
 @requires_gpu
