@@ -176,7 +176,8 @@ def run(out: Path = RESULTS_PATH) -> Path:
     rows = measure(notes)
     path = write_results(out, rows, notes=notes, calls=CALLS, samples=SAMPLES,
                          grad_enabled=torch.is_grad_enabled(), wall_s=time.perf_counter() - start)
-    print(f"wrote {path} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)", flush=True)
+    from utils.build import shown
+    print(f"wrote {shown(path)} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)", flush=True)
     return path
 
 

@@ -380,7 +380,8 @@ def main(argv=None) -> int:
                 "tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
     path = write_results(args.out, rows, _ceilings(), profile=profile, grid=grid_doc,
                          notes=notes, compile_s=models.compile_s, wall_s=time.perf_counter() - start)
-    print(f"wrote {path} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
+    from utils.build import shown
+    print(f"wrote {shown(path)} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
     if args.out.resolve() == METRICS_PATH:
         from final import api_overhead
 

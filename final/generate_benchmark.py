@@ -213,7 +213,8 @@ def main(argv=None) -> int:
                         notes=notes)
         path = write_results(out, rows, ceilings, setup={**shape, "impls": {k: IMPLS[k] for k in args.impls}},
                              notes=notes, wall_s=time.perf_counter() - start)
-        print(f"wrote {path} ({', '.join(args.dtypes[:args.dtypes.index(dtype) + 1])}) in "
+        from utils.build import shown
+        print(f"wrote {shown(path)} ({', '.join(args.dtypes[:args.dtypes.index(dtype) + 1])}) in "
               f"{time.perf_counter() - start:.0f} s", flush=True)
     if not args.quick:
         render(HERE)

@@ -104,7 +104,8 @@ def run(out: Path = RESULTS_PATH) -> Path:
           flush=True)
     rows = measure(build_models(CONFIG, DEVICE, DTYPE), PROMPT, DECODE_STEPS, REPS, DEVICE)
     path = write_results(out, rows, config=CONFIG, reps=REPS, wall_s=time.perf_counter() - start)
-    print(f"wrote {path} in {time.perf_counter() - start:.0f} s", flush=True)
+    from utils.build import shown
+    print(f"wrote {shown(path)} in {time.perf_counter() - start:.0f} s", flush=True)
     return path
 
 

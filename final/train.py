@@ -193,7 +193,8 @@ def main(argv=None) -> int:
              "tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
     path = write_results(out, [r["row"] for r in runs], {}, curves=[p for r in runs for p in r["curve"]],
                          setup=setup, wall_s=time.perf_counter() - start)
-    print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
+    from utils.build import shown
+    print(f"wrote {shown(path)} in {time.perf_counter() - start:.0f} s")
     if not args.quick:
         render(HERE)
     return 0

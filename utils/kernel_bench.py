@@ -227,7 +227,8 @@ def lesson_main(argv, folder: Path, description: str, measure: Callable[[argpars
         return render_committed(folder)
     start = time.perf_counter()
     metrics = measure(args)
-    print(f"wrote {metrics} in {time.perf_counter() - start:.0f} s", flush=True)
+    from utils.build import shown
+    print(f"wrote {shown(metrics)} in {time.perf_counter() - start:.0f} s", flush=True)
     if not args.quick:
         render(folder)
     return 0
