@@ -90,6 +90,7 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l
         raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
     spin = head_start_cycles(host_seconds(fn)) if gpu_only else 0
     samples: list[float] = []
     spent = 0.0

@@ -29,13 +29,6 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def shown(path) -> str:
-    """A path as the course prints it: relative to the repository when inside it (logs and stored
-    notebook outputs then name no folder of the machine that ran them)."""
-    path = Path(path).resolve()
-    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
 BUILD_ROOT = REPO_ROOT / "build"
 CSRC = Path(__file__).resolve().parent / "csrc"
 STANDARD_CUDA_HOMES = ("/usr/local/cuda", "/opt/cuda")
@@ -54,6 +47,13 @@ UTILS_EXTENSIONS = ("utils.ceilings",)
 
 class BuildSetupError(RuntimeError):
     """The machine cannot build the course's kernels; the message says why in one line."""
+
+
+def shown(path) -> str:
+    """A path as the course prints it: relative to the repository when inside it (logs and stored
+    notebook outputs then name no folder of the machine that ran them)."""
+    path = Path(path).resolve()
+    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def _has_cudart(home: Path) -> bool:

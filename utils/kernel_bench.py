@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from utils.build import shown
 from utils.render import render
 
 
@@ -227,7 +228,6 @@ def lesson_main(argv, folder: Path, description: str, measure: Callable[[argpars
         return render_committed(folder)
     start = time.perf_counter()
     metrics = measure(args)
-    from utils.build import shown
     print(f"wrote {shown(metrics)} in {time.perf_counter() - start:.0f} s", flush=True)
     if not args.quick:
         render(folder)
