@@ -126,6 +126,23 @@ def profile_ranges(fn: Callable[[], object], ranges: Iterable[str]):
     return prof, total, us
 
 
+def kernel_times(run: Callable[[], object], calls: int = 1) -> tuple[object, dict[str, float]]:
+    """torch.profiler over `calls` calls of run (no warm-up: the caller warms up). Returns the last
+    call's output and, per kernel name, the GPU microseconds it took per call (its total / calls)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            out = run()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU and not event.is_user_annotation:
+            times[event.name] = times.get(event.name, 0.0) + float(event.device_time_total) / calls
+    return out, times
+
+
 def peak_extra_mb(fn: Callable[[], object]) -> float:
     """Peak device memory fn() allocates beyond what was allocated before it, in MiB."""
     torch.cuda.synchronize()

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from utils import peers, roofline
+from utils.bench import kernel_times
 from utils.testing import REL_TOLERANCE, rel_error
 
 INPUT_SETS = 3
@@ -97,21 +98,6 @@ def resolve(call: str) -> Callable:
 
 # ------------------------------------------------------------------------------------------------
 # Kernels that ran, and timed calls
-
-
-def kernel_times(run: Callable[[], object]) -> tuple[object, dict[str, float]]:
-    """One profiled call: its output and the GPU microseconds of each kernel it launched."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        out = run()
-        torch.cuda.synchronize()
-    times: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type != DeviceType.CPU and not event.is_user_annotation:
-            times[event.name] = times.get(event.name, 0.0) + float(event.device_time_total)
-    return out, times
 
 
 def own_share(times: dict[str, float], pattern: str) -> float:

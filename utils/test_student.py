@@ -68,7 +68,7 @@ PHASE_IDEAS = {
     "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
     "phase5_fused/tensor_cores/tc_attention.cu": ["tc::exp2_approx(m[mt][r] - m_use)", "__frcp_rn(total)"],
     "phase5_fused/decode/decode_split.cu": ["exp2f(m[n] - base)", "o[n][e] * inv_l"],
-    "phase5_fused/decode/decode_merge.cu": ["exp2f(lse_split[s * total_rows] - lse)"],
+    "phase5_fused/decode/decode_merge.cu": ["exp2f(weight[s] - lse)"],
     "phase5_fused/hopper/hopper_kernel.cuh": ["tc::exp2_approx(m[h] - m_use)", "o[4 * j + e] *= alpha[e / 2]",
                                               "__frcp_rn(total)"],
     "phase6_layernorm_mlp/linear_tile.cuh": ["acc[i][j] = fmaf(a[i], w[j], acc[i][j])", "activate<ACT>(out)"],

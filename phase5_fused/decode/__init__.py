@@ -53,7 +53,7 @@ MAX_ROWS_PER_BLOCK = 16
 # Split heuristic: enough blocks for WAVES blocks per SM, each split at least MIN_KEYS_PER_SPLIT keys.
 WAVES = 2
 MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 1024
+MAX_SPLITS = 1024  # decode.h kMaxSplits
 
 
 def _register_fakes() -> None:

@@ -20,6 +20,10 @@ inline bool supported_page_size(int64_t n) { return n == 16 || n == 32 || n == 6
 // holds; more rows are cut into chunks of the grid's z axis.
 constexpr int kMaxRows = 16;
 
+// The most key ranges (splits) one sequence is cut into (decode/__init__.py's MAX_SPLITS): the
+// merge kernel keeps one weight per split in shared memory.
+constexpr int kMaxSplits = 1024;
+
 // Everything both kernels read. Rows: the B * H * Sq query rows in q's order, so the rows that read
 // KV head hk of sequence b are the R = (H / H_kv) * Sq consecutive rows from (b * H_kv + hk) * R on.
 struct Params {

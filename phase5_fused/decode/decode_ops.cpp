@@ -20,7 +20,6 @@
 namespace {
 
 constexpr int64_t kMaxSq = 16;        // new query tokens per sequence (decode/__init__.py: MAX_SQ)
-constexpr int64_t kMaxSplits = 1024;  // decode/__init__.py: MAX_SPLITS
 
 void check_cache_tensor(const at::Tensor& x, const char* name, const at::Tensor& q) {
   TORCH_CHECK(x.is_cuda() && x.device() == q.device(), name, " must be a CUDA tensor on q's device ", q.device(),
@@ -92,8 +91,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   TORCH_CHECK(cache_lengths.size(0) == B, "cache_lengths must be [B=", B, "], got ", cache_lengths.sizes());
 
   // Launch geometry, from the caller (decode/__init__.py chooses it).
-  TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be in [1, ", kMaxSplits, "], got ",
-              num_splits);
+  TORCH_CHECK(num_splits >= 1 && num_splits <= phase5_decode::kMaxSplits, "num_splits must be in [1, ",
+              phase5_decode::kMaxSplits, "], got ", num_splits);
   TORCH_CHECK(rows_per_block >= 1 && rows_per_block <= phase5_decode::kMaxRows, "rows_per_block must be in [1, ",
               phase5_decode::kMaxRows, "], got ", rows_per_block);
   const int64_t rows = (H / H_kv) * Sq;

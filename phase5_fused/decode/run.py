@@ -8,6 +8,8 @@
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
    reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
    and timed on K and V copied per query head instead (rows marked kv_expanded).
+   At B = 1, each kernel of one step of phase5_decode, sdpa_flash and sdpa_cudnn timed by
+   torch.profiler (the mean over PROFILED_CALLS calls back to back; rows with op "kernel").
 2. One prefill beside it, for the Roofline: sdpa_flash on B = 1, S = 4096, the same heads, causal.
 3. results/metrics.json, then the tables that manifest.json declares (utils.render).
 
@@ -42,6 +44,8 @@ MAX_KV_GB = 20  # K + V of one point; the paged copy doubles it while it is buil
 REFERENCE_LIMIT = 2**20  # B * H * S at most for the float64 reference (expanded K and V, ~1 GB each)
 PREFILL_S = 4096
 SDPA = ("sdpa_flash", "sdpa_cudnn")
+PROFILED_BATCHES = (1,)  # where a step's time is also taken kernel by kernel (kernel_rows)
+PROFILED_CALLS = 20
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,6 +122,19 @@ def decode_row(impl, fn, args, B, S, ref=None, **extra) -> dict:
     return row
 
 
+def kernel_rows(impl, fn, args, B, S) -> list[dict]:
+    """The GPU time of each kernel one call launches (torch.profiler, the mean over PROFILED_CALLS
+    calls back to back, after a warm-up call): where the time of a step goes, kernel by kernel."""
+    from utils.bench import kernel_times
+
+    fn(*args)
+    _, times = kernel_times(lambda: fn(*args), PROFILED_CALLS)
+    for name, us in times.items():
+        print(f"    {impl:<20} B={B:<3} S={S:<6} {us:9.1f} us  {name[:60]}", flush=True)
+    return [{"impl": impl, "op": "kernel", "B": B, "Sk": S, "kernel": name, "us": us}
+            for name, us in sorted(times.items(), key=lambda item: -item[1])]
+
+
 def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
     from utils import reference
     from utils.bench import sweep
@@ -144,9 +161,11 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
                 decode_row("phase5_decode_cuda_cores", ours_cuda_cores, (q, k, v, lengths), B, S, ref,
                            num_splits=splits)]
         rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
+        profiled = [("phase5_decode", ours)]
         for name in SDPA:
             try:
                 rows.append(decode_row(name, sdpa_gqa(name), (q, k, v, lengths), B, S, ref))
+                profiled.append((name, sdpa_gqa(name)))
                 continue
             except RuntimeError as exc:
                 skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
@@ -161,6 +180,9 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
             k_e = v_e = None
             torch.cuda.empty_cache()
         del ref
+        if B in PROFILED_BATCHES:
+            for impl, fn in profiled:
+                rows += kernel_rows(impl, fn, (q, k, v, lengths), B, S)
         k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
         del k, v
         torch.cuda.empty_cache()

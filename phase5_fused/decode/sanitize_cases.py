@@ -4,8 +4,9 @@ compute-sanitizer by `python -m utils.sanitize phase5_fused.decode` (memcheck + 
 
 Sizes: ragged lengths (Sq, a tail inside a tile, a tile edge plus one, a longer one), a cache with
 spare capacity, pages shuffled with free pages, GQA with 3 query heads per KV head and Sq = 5
-(15 rows: one short block), more splits than some sequences have tiles (empty splits), and a bad
-length and a bad page entry (the NaN path: nothing may be read out of bounds there either).
+(15 rows: one short block), more splits than some sequences have tiles (empty splits; 40 splits
+are more than the merge's eight warps load in one round), and a bad length and a bad page entry
+(the NaN path: nothing may be read out of bounds there either).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main() -> int:
                 q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, D, dtype, page_size, spare=40)
                 ref = reference.decode_attention(q, k, v, n, page_table=table)
                 for kernel in sorted(kernels):
-                    for splits in (1, 3):
+                    for splits in (1, 3, 40):  # 40: the merge's warps each take two rounds of splits
                         out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel)
                         assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
                                      seed_info=f"{info} {kernel} splits={splits}")
