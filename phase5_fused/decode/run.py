@@ -131,7 +131,7 @@ def kernel_rows(impl, fn, args, B, S) -> list[dict]:
     _, times = kernel_times(lambda: fn(*args), PROFILED_CALLS)
     for name, us in times.items():
         print(f"    {impl:<20} B={B:<3} S={S:<6} {us:9.1f} us  {name[:60]}", flush=True)
-    return [{"impl": impl, "op": "kernel", "B": B, "Sk": S, "kernel": name, "us": us}
+    return [{"impl": impl, "op": "kernel", "B": B, "Sk": S, "kernel": name, "ms": us / 1e3}
             for name, us in sorted(times.items(), key=lambda item: -item[1])]
 
 
