@@ -86,7 +86,7 @@ def op_call(mode: str, q, k, v):
         op = tensor_cores.load().attention
         return lambda: op(q, k, v, None, False, scale, None)
     if mode == "fused":
-        op = fp32.load().attention_fast
+        op = fp32.load().attention_fast_inference
         return lambda: op(q, k, v, None, False, scale, 1, None, False, 0)[0]
     phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
     extra = (phase3_tiled.DEFAULT_TILE,) if mode == "tiled" else ()

@@ -55,7 +55,7 @@ def _register_fakes() -> None:
         lse = q.new_empty((B, H, Sq) if return_lse else (0,))
         return torch.empty_like(q), lse
 
-    for name in KERNELS:
+    for name in (*KERNELS, "fast_inference"):
         torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
     # Autograd: the next lesson's backward kernels (built on the first backward call). That lesson
     # imports nothing of this one, so this lazy import closes no circle.
@@ -100,6 +100,8 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
                          "input requires grad; run under torch.no_grad()")
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
             1 if stride is None else stride, key_lengths, bool(return_lse) or needs_grad)
-    op = getattr(ops, f"attention_{kernel}")
+    # Without a gradient to record, the fast kernel's op without an autograd formula: no Python on
+    # the way to the launch.
+    op = ops.attention_fast_inference if kernel == "fast" and not needs_grad else getattr(ops, f"attention_{kernel}")
     out, lse = op(*args, variant, 0 if window is None else window) if kernel == "fast" else op(*args)
     return (out, lse) if return_lse else out

@@ -246,10 +246,10 @@ template <int D, int BR, int BC, int MIN_BLOCKS>
 void launch_config(const FusedParams& p, cudaStream_t stream) {
   if (p.window > 0) {
     using Cfg = FastWindowConfig<D, BR, BC, MIN_BLOCKS>;
-    launch_tiles<Cfg>(fused_fast_kernel<Cfg>, p, stream);
+    launch_tiles<Cfg, fused_fast_kernel<Cfg>>(p, stream);
   } else {
     using Cfg = FastConfig<D, BR, BC, MIN_BLOCKS>;
-    launch_tiles<Cfg>(fused_fast_kernel<Cfg>, p, stream);
+    launch_tiles<Cfg, fused_fast_kernel<Cfg>>(p, stream);
   }
 }
 

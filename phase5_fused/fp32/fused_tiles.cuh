@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "fused.h"
+#include "shared_memory_opt_in.h"
 
 namespace phase5 {
 namespace {
@@ -210,16 +212,16 @@ __device__ __forceinline__ void pv_tile(float (&o)[Cfg::TM][Cfg::OC * Cfg::VW],
 }
 
 // ------------------------------------------------------------------------------------------------
-// Launch: `kernel` is a version's kernel for Cfg. One block per (query block, batch*head).
+// Launch: kKernel is a version's kernel for Cfg, opted in to its shared memory once per device.
+// One block per (query block, batch*head).
 
-template <typename Cfg>
-void launch_tiles(void (*kernel)(FusedParams), const FusedParams& p, cudaStream_t stream) {
-  C10_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+template <typename Cfg, auto kKernel>
+void launch_tiles(const FusedParams& p, cudaStream_t stream) {
+  course::opt_in_shared_memory<kKernel>(c10::cuda::current_device(), Cfg::kSmemBytes);
   const int64_t blocks = course::ceil_div<int64_t>(p.Sq, Cfg::Br) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "q: too many query blocks (B*H*ceil(Sq/", Cfg::Br,
               ")) for one grid");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

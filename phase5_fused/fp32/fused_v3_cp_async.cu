@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_v3_kernel(Fus
 void launch_v3(const FusedParams& p, int D, cudaStream_t stream) {
   with_version_tiles(D, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    launch_tiles<Cfg>(fused_v3_kernel<Cfg>, p, stream);
+    launch_tiles<Cfg, fused_v3_kernel<Cfg>>(p, stream);
   });
 }
 

@@ -4,6 +4,7 @@
 //   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...): the same arguments
 //   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
 //       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none)
+//   phase5_fused::attention_fast_inference(...)   the same op without an autograd formula
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -114,9 +115,15 @@ TORCH_LIBRARY(phase5_fused, m) {
         "Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)";
     m.def(schema.c_str());
   }
-  m.def(
-      "attention_fast(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
-      "int stride, Tensor? key_lengths, bool return_lse, int variant, int window=0) -> (Tensor, Tensor)");
+  // The fast kernel twice: attention_fast is differentiable (its autograd formula, registered in
+  // Python, runs on every call), attention_fast_inference has none, so a call that records no
+  // gradient reaches the kernel without a trip through Python.
+  for (const char* name : {"attention_fast", "attention_fast_inference"}) {
+    const std::string schema = std::string(name) +
+        "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
+        "Tensor? key_lengths, bool return_lse, int variant, int window=0) -> (Tensor, Tensor)";
+    m.def(schema.c_str());
+  }
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
@@ -125,4 +132,5 @@ TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
   m.impl("attention_v3", &attention_version<phase5::launch_v3>);
   m.impl("attention_v4", &attention_version<phase5::launch_v4>);
   m.impl("attention_fast", &attention_fast);
+  m.impl("attention_fast_inference", &attention_fast);
 }
