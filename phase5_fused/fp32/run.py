@@ -1,6 +1,6 @@
 """`python -m phase5_fused.fp32.run [--quick] [--no-ncu]`: measure the FP32 fused kernels, then render.
 
-1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 16384: the
+1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 32768: the
    teaching and the fast kernel beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on
    the same inputs in the same run (the S x S paths and the slow kernels stop at MAX_S).
 2. Every version of the fused kernel (fp32.KERNELS) beside sdpa_efficient at S=4096, D in {64, 128},
@@ -38,7 +38,7 @@ from utils.testing import random_qkv
 HERE = Path(__file__).resolve().parent
 B, H = 4, 8
 HEADLINE = {"B": B, "H": H, "Sq": 4096, "Sk": 4096, "D": 64, "causal": False, "dtype": "float32"}
-SEQ_LENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+SEQ_LENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 QUICK_SEQ_LENS = [256, 1024]
 STRIDES = [1, 2, 4, 8]
 # Grouped-query heads (op attention_gqa) and sliding windows (op attention_window; None: no window).

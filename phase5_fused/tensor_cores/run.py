@@ -1,6 +1,6 @@
 """`python -m phase5_fused.tensor_cores.run [--quick] [--no-ncu]`: measure the tensor-core kernel, then render.
 
-1. Attention forward in FP16 at B=4, H=8, D in {64, 128}, causal and not, S from 512 to 16384:
+1. Attention forward in FP16 at B=4, H=8, D in {64, 128}, causal and not, S from 512 to 32768:
    phase5_fused_tc beside FlashAttention-2 (sdpa_flash), cuDNN (sdpa_cudnn), sdpa_efficient and
    torch_naive, and the previous lesson's FP32 kernel (phase5_fused, on the same values in FP32),
    on the same inputs in the same run.
@@ -32,7 +32,7 @@ from utils.kernel_bench import lesson_main, results_dir
 HERE = Path(__file__).resolve().parent
 B, H = 4, 8
 HEAD_DIMS = (64, 128)
-SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_SEQ_LENS = (1024, 4096)
 HEADLINE_S = 4096
 DTYPE = torch.float16
