@@ -32,8 +32,11 @@ NAME = "phase5_fused_bwd"
 SOURCES = ["bwd_ops.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Tile configurations of each dtype's kernel (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
-# Bc = 128); variant 0 is the default, the one autograd runs.
+# Bc = 128).
 VARIANTS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
+# The tensor-core variant autograd runs, per head dim: 1 where the variants table measured it faster
+# than 0 (D = 64 and 128, causal and not); 0 at the head dims it has not been measured at.
+TC_DEFAULT_VARIANT = {64: 1, 128: 1}
 # The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
 OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",
        torch.bfloat16: "attention_backward_tc"}
@@ -62,11 +65,16 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+def default_variant(dtype: torch.dtype, D: int) -> int:
+    """The tile configuration autograd runs for this dtype and head dim (TC_DEFAULT_VARIANT)."""
+    return 0 if dtype == torch.float32 else TC_DEFAULT_VARIANT.get(int(D), 0)  # int(): D may be symbolic
+
+
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
-                       key_lengths=None, dlse=None, variant=0):
+                       key_lengths=None, dlse=None, variant=None):
     """(dq, dk, dv) of softmax(scale q k^T + mask) v, from the forward's out and lse (see the module
     docstring). Non-contiguous inputs are copied. variant: the kernel's tile configuration
-    (VARIANTS; run.py compares them)."""
+    (VARIANTS; run.py compares them); None: default_variant, the one autograd runs."""
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
         scale=scale)
@@ -82,6 +90,8 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
             raise ValueError(f"{name} must be [B, H, Sq] = {[B, H, Sq]}, got {tuple(x.shape)}")
     if q.dtype != torch.float32 and stride not in (None, 1):
         raise ValueError(f"stride is supported in float32 only (the tensor-core forward has none), got {stride!r}")
+    if variant is None:
+        variant = default_variant(q.dtype, D)
     if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()

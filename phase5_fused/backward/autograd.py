@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from phase5_fused.backward import _aligned, load
+from phase5_fused.backward import _aligned, default_variant, load
 
 _REGISTERED: set[str] = set()
 
@@ -41,7 +41,7 @@ def _backward(ctx, grad_out, grad_lse, op_name):
     dout = torch.zeros_like(out) if grad_out is None else _aligned(grad_out.contiguous())
     dlse = None if grad_lse is None else grad_lse.contiguous()
     dq, dk, dv = getattr(load(), op_name)(q, k, v, out, lse, dout, dlse, mask, ctx.is_causal, ctx.scale,
-                                          ctx.stride, key_lengths)
+                                          ctx.stride, key_lengths, default_variant(q.dtype, q.shape[-1]))
     return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
 

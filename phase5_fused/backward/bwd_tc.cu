@@ -41,7 +41,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // One tile configuration: kWarps warps, each owning 16 keys (one m16 tile), so Bc = 16 kWarps keys
 // per block; Br query rows per step. Br = 32 where D >= 96 with 4 warps and at D = 128: the warp's
 // dK, dV (2 x D/2 FP32 registers per thread) and its S^T, dP^T tiles (2 x Br/2) must fit in 255.
-//   variant 0: 4 warps, Bc = 64, two blocks per SM (the default)
+//   variant 0: 4 warps, Bc = 64, two blocks per SM
 //   variant 1: 8 warps, Bc = 128, one block per SM: half the dQ atomics, and each Q_i, dO_i tile
 //              loaded once for twice the keys (FlashAttention-2's Bc); run.py compares the two.
 template <int D_, int kWarps_>

@@ -11,8 +11,9 @@
    forward's 2 x 2 Sq Sk D: 10 B H Sq Sk D, halved for causal. GB/s counts the minimum traffic:
    q, k, v, O, dO read once, dq, dk, dv written once (8 B H S D elements).
    At S=4096 the tensor-core kernel's two tile configurations (bwd_tc.cu: variant 0, 4 warps and
-   Bc = 64, the default; variant 1, 8 warps and Bc = 128) are also timed by calling the backward op
-   directly on the saved out and lse: rows phase5_fused_bwd_tc_v0 and _v1.
+   Bc = 64; variant 1, 8 warps and Bc = 128; autograd's default per D is backward.default_variant)
+   are also timed by calling the backward op directly on the saved out and lse: rows
+   phase5_fused_bwd_tc_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. results/metrics.json, then the tables manifest.json declares (utils.render).
