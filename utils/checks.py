@@ -42,6 +42,8 @@ def check_cuda_tensor(x, name: str, dtypes: tuple[torch.dtype, ...], dim: int | 
 def dim_in(D, dims) -> bool:
     """D in dims (a tuple or a range), written as comparisons so that torch.compile can decide it
     for a symbolic D too (`D in (64, 128)` on a SymInt fails to trace on torch 2.11)."""
+    if type(D) is int:  # the common case, checked on every call: a plain membership test
+        return D in dims
     if isinstance(dims, range):
         return dims.start <= D < dims.stop
     return any(D == d for d in dims)
@@ -84,10 +86,10 @@ def check_attention_shapes(q, k, v, mask=None, stride=None, is_causal=False, sca
     window: check_window. Returns the mask (bool, or float as float32) and (B, H, Sq, Sk, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(x, name, dim=4)
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor, got {_dtype_name(x.dtype)}")
     # (each property read once: these checks run on every call of every kernel)
     dtype, device = q.dtype, q.device
+    if not dtype.is_floating_point:
+        raise TypeError(f"q must be a floating-point tensor, got {_dtype_name(dtype)}")
     if k.dtype != dtype or v.dtype != dtype:
         raise TypeError(f"q, k, v must share a dtype, got {_dtype_name(q.dtype)}, {_dtype_name(k.dtype)}, "
                         f"{_dtype_name(v.dtype)}")
