@@ -24,8 +24,9 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
-(H_kv != H) or a window: such inputs that require grad are refused. fused_hopper runs on a Hopper
-GPU (compute capability 9.0) only.
+(H_kv != H) or a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64, 96, 128; its
+forward takes every multiple of 8 from 8 to 256): such inputs that require grad are refused.
+fused_hopper runs on a Hopper GPU (compute capability 9.0) only.
 
 mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
@@ -34,8 +35,8 @@ is picked on an H100 for unmasked FP16/BF16 inference at D=64 or 128, grouped-qu
 fused_tc for the rest, masks, training and windows included). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
-kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, D=256,
-stride with float16, ...) auto raises and names the modes that would, reference among them.
+kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
+float32 at D=256, stride with float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
 
 supported_modes(q, k, v, mask, stride, window) decides from metadata alone (device type, dtype, D,
@@ -57,7 +58,7 @@ import torch.nn as nn
 import phase2_naive
 import phase3_tiled
 import phase4_coalesced
-from phase5_fused import fp32, hopper, tensor_cores
+from phase5_fused import backward, fp32, hopper, tensor_cores
 from utils import reference
 from utils.checks import check_attention_shapes, check_tensor, check_window, dim_in
 from utils.unfused_api import MAX_HEAD_DIM
@@ -70,7 +71,8 @@ AUTO_ORDER = ("fused_hopper", "fused_tc", "fused", "coalesced", "tiled", "naive"
 class ModeInfo:
     """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1; capability
     None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention); window: a
-    sliding window; backward_gqa_window: a backward pass for those two as well."""
+    sliding window; backward_gqa_window: a backward pass for those two as well; backward_head_dims:
+    the head dims of the backward pass where fewer than head_dims (None: all of them)."""
     kernel: str
     cuda: bool
     dtypes: tuple | None
@@ -82,6 +84,7 @@ class ModeInfo:
     gqa: bool = False
     window: bool = False
     backward_gqa_window: bool = False
+    backward_head_dims: tuple | None = None
 
     def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride, mask: bool = False,
                 grad: bool = False, capability: tuple | None = None, gqa: bool = False,
@@ -110,6 +113,9 @@ class ModeInfo:
             return "has no backward pass (the inputs require grad)"
         if grad and (gqa or window) and not self.backward_gqa_window:
             return "has no backward pass for grouped-query heads or a window (the inputs require grad)"
+        if grad and self.backward_head_dims is not None and not dim_in(D, self.backward_head_dims):
+            return (f"has no backward pass at D={D}: it needs D in {_dims(self.backward_head_dims)} "
+                    "(the inputs require grad)")
         return None
 
 
@@ -123,7 +129,7 @@ MODE_INFO = {
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "fused": ModeInfo("phase5_fused.fp32 (fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
-                         gqa=True, window=True),
+                         gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
                              backward=False, capability=hopper.HOPPER, gqa=True),
 }

@@ -109,7 +109,11 @@ SUPPORT_TABLE = [
     (torch.float32, 256, None, ["reference"]),
     (torch.float16, 64, None, ["fused_tc", "reference"]),
     (torch.bfloat16, 128, None, ["fused_tc", "reference"]),
-    (torch.float16, 80, None, ["reference"]),
+    (torch.float16, 80, None, ["fused_tc", "reference"]),
+    (torch.bfloat16, 256, None, ["fused_tc", "reference"]),
+    (torch.float16, 8, None, ["fused_tc", "reference"]),
+    (torch.float16, 12, None, ["reference"]),
+    (torch.float16, 264, None, ["reference"]),
     (torch.float16, 64, 2, ["reference"]),
     (torch.float64, 64, None, ["reference"]),
 ]
@@ -154,7 +158,7 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
         with pytest.raises(UnsupportedModeError, match="has no stride support"):
             resolve_mode("fused_tc", q16, stride=2)
         with pytest.raises(UnsupportedModeError, match="D in"):
-            resolve_mode("auto", torch.empty(1, 2, 16, 80, dtype=torch.float16, device="cuda"))
+            resolve_mode("auto", torch.empty(1, 2, 16, 84, dtype=torch.float16, device="cuda"))
         with pytest.raises(ValueError, match="q must be 4-D"):
             resolve_mode("auto", q16[0])
         with pytest.raises(ValueError, match="k must be"):
@@ -524,7 +528,8 @@ def test_window_and_grouped_heads_errors_name_the_argument():
     (torch.float32, 48, True, None, ["reference"]),  # the unfused phases take no grouped heads
     (torch.float16, 64, True, 16, ["fused_tc", "reference"]),
     (torch.bfloat16, 128, True, None, ["fused_tc", "reference"]),
-    (torch.float16, 80, True, None, ["reference"]),
+    (torch.float16, 80, True, None, ["fused_tc", "reference"]),
+    (torch.float16, 84, True, None, ["reference"]),
 ])
 @pytest.mark.usefixtures("sm80")
 def test_modes_for_grouped_heads_and_windows(dtype, D, gqa, window, expected):
@@ -561,6 +566,21 @@ def test_grouped_heads_or_window_with_grad_leave_the_reference_only(monkeypatch)
             resolve_mode("fused_tc", q, k, k)
         with torch.no_grad():
             assert resolve_mode("auto", q, k, k) == "fused_tc"
+
+
+@pytest.mark.usefixtures("sm80")
+def test_tensor_core_head_dims_without_a_backward_leave_the_reference_only():
+    """fused_tc runs every multiple of 8 up to 256 forward, its backward only backward.TC_SUPPORTED_D:
+    with grad, D = 80 has only "reference"; under no_grad, fused_tc."""
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 80, dtype=torch.float16, device="cuda", requires_grad=True)
+        assert supported_modes(q, q, q) == ["reference"]
+        with pytest.raises(UnsupportedModeError, match=r"no backward pass at D=80: it needs D in \{32, 64, 96, 128\}"):
+            resolve_mode("fused_tc", q, q, q)
+        with torch.no_grad():
+            assert resolve_mode("auto", q, q, q) == "fused_tc"
+        q64 = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda", requires_grad=True)
+        assert resolve_mode("auto", q64, q64, q64) == "fused_tc"
 
 
 def test_signature_cache_keys_on_grouped_heads_and_window(monkeypatch):

@@ -11,8 +11,9 @@ bfloat16 run bwd_tc.cu (mma.sync tensor cores); both first compute D_i = rowsum(
 (bwd_preprocess.cu). Semantics are the forwards' (utils.reference): bool or additive masks (no
 gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths; rows with no
 visible key, and padding keys, get zero gradients. `dlse`, optional, is the gradient of lse where a
-loss used it. Head dims: each forward's own (phase5_fused.fp32.SUPPORTED_D,
-phase5_fused.tensor_cores.SUPPORTED_D), checked by the op against the forwards' C++ lists.
+loss used it. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, checked by
+the op against that forward's C++ list); float16 and bfloat16 take TC_SUPPORTED_D, the tensor-core
+kernel's instances (bwd.h), fewer than the tensor-core forward takes.
 
 The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
 forward package registers when it loads its extension: phase5_fused.fp32.attention and
@@ -31,6 +32,9 @@ from utils.checks import check_attention_inputs, check_cuda_tensor
 NAME = "phase5_fused_bwd"
 SOURCES = ["bwd_ops.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Head dims of the tensor-core kernel (bwd_tc.cu's instances, bwd.h's kTcSupportedD, which the op
+# checks); phase5_fused.tensor_cores.attention refuses others when an input requires grad.
+TC_SUPPORTED_D = (32, 64, 96, 128)
 # Tile configurations of each dtype's kernel (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
 # Bc = 128).
 VARIANTS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}

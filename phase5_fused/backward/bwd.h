@@ -34,6 +34,10 @@ struct BwdParams {
 void launch_preprocess(const void* out, const void* dout, const float* dlse, float* delta, int64_t rows,
                        int D, DType dtype, cudaStream_t stream);
 
+// Head dims of bwd_tc.cu's instances: the FP16 / BF16 backward takes these only (the tensor-core
+// forward takes every multiple of 8 up to 256); bwd_fp32.cu takes the FP32 forward's own list.
+constexpr int kTcSupportedD[] = {32, 64, 96, 128};
+
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
 // variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.

@@ -5,20 +5,21 @@
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128)
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
-// the gradient of lse when the caller used it. The head dims are the forwards' own lists.
+// the gradient of lse when the caller used it. Head dims: the FP32 forward's own list, and the
+// tensor-core kernel's own (bwd.h), fewer than its forward takes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "../fp32/fused.h"
-#include "../tensor_cores/tc_attention.h"
 #include "attention_args.h"
 #include "bwd.h"
 
@@ -26,8 +27,10 @@ namespace {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-bool fp32_supported_d(int64_t D) {
-  for (int d : phase5::kSupportedD)
+// D is one of a kernel's compiled head dims.
+template <std::size_t N>
+bool listed(const int (&dims)[N], int64_t D) {
+  for (int d : dims)
     if (d == D) return true;
   return false;
 }
@@ -65,11 +68,11 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   }
   const course::AttentionShape s = course::check_qkv(q, k, v, dtype);
   if (tc) {
-    TORCH_CHECK(phase5_tc::supported_head_dim(s.D), "q: head dim D=", s.D,
-                " is not supported by the tensor-core backward (the forward's: 32, 64, 96, 128)");
+    TORCH_CHECK(listed(phase5_bwd::kTcSupportedD, s.D), "q: head dim D=", s.D,
+                " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
     TORCH_CHECK(stride == 1, "stride must be 1 for the tensor-core backward, got ", stride);
   } else {
-    TORCH_CHECK(fp32_supported_d(s.D), "q: head dim D=", s.D,
+    TORCH_CHECK(listed(phase5::kSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the FP32 backward (the forward's: 32, 64, 80, 96, 128)");
   }
   check_like(out, "out", q, dtype, q.sizes());

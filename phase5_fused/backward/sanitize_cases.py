@@ -28,8 +28,10 @@ def main() -> int:
     B, H, Sq, Sk = 3, 2, 17, 150
     lengths = torch.tensor([Sk, 33, 0], device="cuda", dtype=torch.int32)
     cases = 0
-    for dtype, module in ((torch.float32, fp32), (torch.float16, tc), (torch.bfloat16, tc)):
-        for D in module.SUPPORTED_D:
+    for dtype, module, head_dims in ((torch.float32, fp32, fp32.SUPPORTED_D),
+                                     (torch.float16, tc, backward.TC_SUPPORTED_D),
+                                     (torch.bfloat16, tc, backward.TC_SUPPORTED_D)):
+        for D in head_dims:
             q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
             dout = randn(B, H, Sq, D, dtype=dtype)
             mask = random_bool_mask((B, 1, Sq, Sk))

@@ -9,6 +9,8 @@ float64 reference itself is checked on the CPU (against utils.reference.attentio
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,7 +149,7 @@ def test_fp32_grid(S, D, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("D", backward.TC_SUPPORTED_D)
 @pytest.mark.parametrize("S", [1, 17, 127, 1000])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tc_grid(S, D, dtype, causal):
@@ -262,7 +264,7 @@ def test_direct_call_matches_autograd(dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("D", backward.TC_SUPPORTED_D)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tc_variants(D, dtype, causal):
     """Every tile configuration of the tensor-core kernel (8 warps, Bc = 128 too): two key blocks,
@@ -376,6 +378,14 @@ def test_cpu_tensor_rejected_without_gpu():
     lse = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         backward.attention_backward(q, q, q, q, lse, q)
+
+
+def test_tc_head_dims_are_the_kernels():
+    """TC_SUPPORTED_D is the list the op checks (bwd.h), and within the tensor-core forward's."""
+    header = (Path(backward.__file__).parent / "bwd.h").read_text()
+    listed = re.search(r"kTcSupportedD\[\] = \{([^}]*)\}", header).group(1)
+    assert tuple(int(d) for d in listed.split(",")) == backward.TC_SUPPORTED_D
+    assert set(backward.TC_SUPPORTED_D) <= set(tc.SUPPORTED_D)
 
 
 def test_import_builds_nothing():

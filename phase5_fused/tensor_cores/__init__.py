@@ -3,7 +3,8 @@
     from phase5_fused import tensor_cores
     out = tensor_cores.attention(q, k, v, is_causal=True)   # q, k, v: CUDA float16 or bfloat16
 
-Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
+Supports D in SUPPORTED_D (every multiple of 8 from 8 to 256: D runs on the tiles of the next
+multiple of 32, its padding columns zeros), any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
 SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
 broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
 Grouped-query attention: k and v may have H_kv heads, H % H_kv == 0 (MQA: H_kv = 1); query head h
@@ -14,7 +15,8 @@ Accumulation and the softmax statistics are FP32; the output has the inputs' dty
 return_lse=True also returns the rows' logsumexp ([B, H, Sq] float32, natural log, -inf for a row
 with no visible key; op attention_lse). Differentiable in q, k, v (not the mask): the backward is
 phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad;
-that backward takes neither grouped heads nor a window, so such inputs that require grad are refused.
+that backward takes neither grouped heads nor a window, and only D in backward.TC_SUPPORTED_D, so
+other inputs that require grad are refused.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -26,12 +28,18 @@ from pathlib import Path
 
 import torch
 
+from phase5_fused import backward
 from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor, dim_in, grouped_or_window
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
-SUPPORTED_D = (32, 64, 96, 128)
+# The head dims the forward takes (tc_attention.h's supported_head_dim): a multiple of 8 (one 16-byte
+# chunk of a row is wholly data or padding) up to 256; tc_attention.cu runs D on the tiles of the
+# next multiple of 32.
+SUPPORTED_D = tuple(range(8, 257, 8))
+# The tile head dims Dp compiled (tc_attention.cu's Tile table): D runs on the smallest Dp >= D.
+TILE_D = (32, 64, 96, 128, 160, 192, 224, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -58,7 +66,9 @@ def _register_fakes() -> None:
     autograd.register_tc(f"{NAME}::attention_lse")
 
 
-load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
+# tc_attention.cu compiles 128 kernel instances (2 dtypes x 8 tile head dims x padded or not x mask x
+# window): nvcc splits their optimization and assembly over every core.
+load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=["--split-compile=0"])
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
@@ -73,16 +83,19 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
 
     q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H % H_kv == 0 (grouped-query attention; H_kv = H
     is plain multi-head): CUDA float16 or bfloat16 (the same dtype), D in
-    SUPPORTED_D; non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
+    SUPPORTED_D (a multiple of 8 from 8 to 256); non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
     or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. out: optional contiguous output tensor shaped like q (written in place; not
     differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32). window: None, or
     an integer >= 1 with is_causal: query i sees keys i - window < j <= i.
     """
+    if torch.is_tensor(q) and q.dim() == 4 and not dim_in(q.shape[-1], SUPPORTED_D):
+        raise ValueError(f"head dim D={q.shape[-1]} (q.shape[-1]) is not supported: use a multiple of 8 from "
+                         f"{SUPPORTED_D[0]} to {SUPPORTED_D[-1]}")
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale, grouped=True, window=window)
+        q, k, v, mask, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal, scale=scale, grouped=True,
+        window=window)
     w = 0 if window is None else window  # the op's "no window"
     if scale is None:
         scale = 1.0 / math.sqrt(D)
@@ -95,6 +108,9 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     if extended:
         raise ValueError(f"{extended}: the backward kernels take neither grouped heads nor a window, and an "
                          "input requires grad; run under torch.no_grad()")
+    if needs_grad and not dim_in(D, backward.TC_SUPPORTED_D):
+        raise ValueError(f"head dim D={D} (q.shape[-1]): the tensor-core backward takes D in "
+                         f"{backward.TC_SUPPORTED_D}, and an input requires grad; run under torch.no_grad()")
     if out is None and (return_lse or needs_grad):  # the backward needs the logsumexp
         result, lse = ops.attention_lse(q, k, v, mask, is_causal, float(scale), key_lengths, w)
         return (result, lse) if return_lse else result

@@ -10,6 +10,9 @@
    4096, none}, each row with its speed-up over no window, beside sdpa_efficient given the same
    window as a boolean mask (a mask hides scores but skips no work). TFLOP/s count the visible
    pairs only (utils.roofline.attention_flops with the window); GB/s the K/V of H_kv heads.
+   Head sizes (op attention_head_dims): B=4, H=8, S=4096, non-causal, D from 32 to 256 with the
+   padded 80 among them, beside sdpa_flash; TFLOP/s count the D columns (4·B·H·S²·D), tile_tflops
+   the Dp columns of the tile our kernel runs D on.
 3. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
    128, with the warp-state and pipe counters (this script's --profile-target); the records are
    named impl_D<D>.
@@ -49,6 +52,8 @@ HMMA_16816_FLOP = 2 * 16 * 8 * 16  # FLOPs of one mma.sync m16n8k16 (one warp-le
 GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
 # Sliding window: B, H, S, D and the windows (None: causal without a window), op attention_window.
 WINDOW = {"B": 4, "H": 8, "S": 8192, "D": 128, "windows": (256, 1024, 4096, None)}
+# Head sizes, non-causal (op attention_head_dims): 80 runs on the tiles of 96, padded.
+HEAD_SIZES = {"B": 4, "H": 8, "S": 4096, "D": (32, 64, 80, 96, 128, 160, 192, 256)}
 
 
 def tc_fn(q, k, v, causal):
@@ -166,6 +171,32 @@ def window_rows(quick) -> list[dict]:
     return rows
 
 
+def head_dim_rows(quick) -> list[dict]:
+    """phase5_fused_tc and sdpa_flash at each head size of HEAD_SIZES. Our rows also carry the tile
+    head dim Dp (the next multiple of 32) and tile_tflops = TFLOP/s x Dp / D: the work the tile does."""
+    from utils.attention_bench import try_attention_row
+    from utils.peers import sdpa
+
+    flash = sdpa("sdpa_flash")
+    B, H = HEAD_SIZES["B"], HEAD_SIZES["H"]
+    S = HEAD_SIZES["S"] // 4 if quick else HEAD_SIZES["S"]
+    rows = []
+    for D in HEAD_SIZES["D"]:
+        gen = torch.Generator(device="cuda").manual_seed(13 + D)
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(3))
+        for name, fn in ((IMPL, tc_fn), ("sdpa_flash", lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_))):
+            row = try_attention_row(name, fn, q, k, v, False, op="attention_head_dims")
+            if row is None:
+                continue
+            if name == IMPL:
+                row["Dp"] = next(dp for dp in tensor_cores.TILE_D if dp >= D)
+                row["tile_tflops"] = row["tflops"] * row["Dp"] / D
+            rows.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # Nsight Compute
 
@@ -221,7 +252,7 @@ def measure(args) -> Path:
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
-    rows += gqa_rows(args.quick) + window_rows(args.quick)
+    rows += gqa_rows(args.quick) + window_rows(args.quick) + head_dim_rows(args.quick)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 

@@ -2,10 +2,12 @@
 float64 reference; run under compute-sanitizer by `python -m utils.sanitize phase5_fused.tensor_cores`
 (memcheck + racecheck).
 
-Sizes: Sq = 17 and Sk = 70 (neither a multiple of any tile, Sq != Sk), one batch with a key length
-inside a block and one with none, causal, and the mask path with a fully masked row. Then the window
-instances (with and without a mask) once each per D, grouped-query (H = 4 over H_kv = 2) at
-Sq = 300, Sk = 270, so that query blocks start past their first key blocks.
+Head dims: per tile head dim Dp (tc.TILE_D) a padded D = Dp - 16 (80 on Dp = 96, the common one)
+and the unpadded D = Dp (256 the largest): every instance. Sizes: Sq = 17 and Sk = 70 (neither a
+multiple of any tile, Sq != Sk), one batch with a key length inside a block and one with none,
+causal, and the mask path with a fully masked row. Then the window instances (with and without a
+mask) once each per D, grouped-query (H = 4 over H_kv = 2) at Sq = 300, Sk = 270, so that query
+blocks start past their first key blocks.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from utils import reference
 from utils.testing import assert_close, poisoned_like, random_bool_mask, random_qkv
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
+HEAD_DIMS = tuple(d for dp in tc.TILE_D for d in (dp - 16, dp))
 
 
 def main() -> int:
@@ -32,7 +35,7 @@ def main() -> int:
     lengths_w = torch.tensor([Sk_w, 150, 0], device="cuda", dtype=torch.int32)
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
-        for D in tc.SUPPORTED_D:
+        for D in HEAD_DIMS:
             q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
             mask = random_bool_mask((B, 1, Sq, Sk))
             mask[:, :, 3] = False

@@ -1,14 +1,18 @@
 // Phase 5, tensor cores: FlashAttention-2 forward in FP16 / BF16 on mma.sync (sm_80+).
 //
-// Versions (one kernel, templated on dtype, head dim, the mask path and the window):
-//   tc_attention_kernel<T, D, false, W>  fast path: no user mask. Causal blocks above the diagonal
-//                                        are skipped, and only diagonal / tail / key-padding blocks
-//                                        pay for per-element masking.
-//   tc_attention_kernel<T, D, true, W>   slower correct path for a boolean or additive user mask:
-//                                        every score looks up course::mask_bias (broadcast strides).
+// Versions (one kernel, templated on dtype, the tile's head dim Dp, padding, the mask path and the
+// window):
+//   tc_attention_kernel<T, Dp, P, false, W>  fast path: no user mask. Causal blocks above the
+//                                            diagonal are skipped, and only diagonal / tail /
+//                                            key-padding blocks pay for per-element masking.
+//   tc_attention_kernel<T, Dp, P, true, W>   slower correct path for a boolean or additive user
+//                                            mask: every score looks up course::mask_bias.
 //   W = true: a sliding window (query i sees keys i - window < j <= i): the loop starts at the block
 //   of key q0 - window + 1, so the blocks below a query block's window are never loaded. Its own
 //   instance: the window's tests cost registers that the plain path (W = false) keeps.
+//   P = true (kPadded): a head dim D < Dp runs on the tiles of the next instantiated Dp (32, 64, ...,
+//   256): D is the tensors' row pitch and its columns d >= D are zero-filled in shared memory (never
+//   read) and never stored. P = false (D == Dp) compiles without those tests.
 // All take grouped-query attention: query head h reads KV head h / (H / H_kv), an index; K and V
 // are never copied per query head.
 // What makes it fast, against the FP32 fused kernel of this phase (see README.md):
@@ -45,17 +49,24 @@ constexpr int kThreads = kWarps * course::kWarpSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tile sizes per head dim: Br query rows per block (Br / 4 per warp), Bc keys per K/V block,
-// kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) D * 2 bytes; two
-// blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's 32 rows in at most
-// 255 registers per thread without spilling (checked with -Xptxas -v for sm_90; Bc = 128 at D = 64,
-// FlashAttention-2's choice, spilled ~90 bytes here, so D = 64 takes Bc = 64 and a third stage).
-//   D    Br   Bc   stages  smem    FP32 registers per thread for S + O
-//   32   128  128  3       56 KB   128 + 32
-//   64   128  64   3       64 KB   64 + 64
-//   96   128  64   2       72 KB   64 + 96
-//   128  128  64   2       96 KB   64 + 128   (FlashAttention-2's 128 x 64 for D = 128)
-template <int D>
+// Tile sizes per tile head dim Dp: Br query rows per block (Br / 4 per warp), Bc keys per K/V
+// block, kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) Dp * 2 bytes;
+// two blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's Br/4 rows in at
+// most 255 registers per thread without spilling (checked with -Xptxas -v for sm_90; Bc = 128 at
+// Dp = 64, FlashAttention-2's choice, spilled ~90 bytes here, so Dp = 64 takes Bc = 64 and a third
+// stage). At Dp = 160 a warp's 32 rows still fit with Bc = 32 (FlashAttention-2's 128 x 32); from
+// Dp = 192 their O accumulator alone would take 192+ registers, so a warp owns 16 rows (Br = 64),
+// and Bc is the largest that keeps two blocks per SM and divides the copies among the threads.
+//   Dp   Br   Bc   stages  smem     FP32 registers per thread for S + O
+//   32   128  128  3       56 KB    128 + 32
+//   64   128  64   3       64 KB    64 + 64
+//   96   128  64   2       72 KB    64 + 96
+//   128  128  64   2       96 KB    64 + 128   (FlashAttention-2's 128 x 64 for D = 128)
+//   160  128  32   3       100 KB   32 + 160
+//   192  64   48   2       96 KB    24 + 96
+//   224  64   32   2       84 KB    16 + 112
+//   256  64   32   2       96 KB    16 + 128
+template <int Dp>
 struct Tile;
 template <>
 struct Tile<32> {
@@ -73,10 +84,26 @@ template <>
 struct Tile<128> {
   static constexpr int kBr = 128, kBc = 64, kStages = 2;
 };
+template <>
+struct Tile<160> {
+  static constexpr int kBr = 128, kBc = 32, kStages = 3;
+};
+template <>
+struct Tile<192> {
+  static constexpr int kBr = 64, kBc = 48, kStages = 2;
+};
+template <>
+struct Tile<224> {
+  static constexpr int kBr = 64, kBc = 32, kStages = 2;
+};
+template <>
+struct Tile<256> {
+  static constexpr int kBr = 64, kBc = 32, kStages = 2;
+};
 
-template <int D, typename T>
+template <int Dp, typename T>
 constexpr size_t smem_bytes() {
-  return static_cast<size_t>(Tile<D>::kBr + 2 * Tile<D>::kStages * Tile<D>::kBc) * D * sizeof(T);
+  return static_cast<size_t>(Tile<Dp>::kBr + 2 * Tile<Dp>::kStages * Tile<Dp>::kBc) * Dp * sizeof(T);
 }
 
 struct Params {
@@ -93,92 +120,102 @@ struct Params {
   course::AttentionMasking masking;
 };
 
-// Copy rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with
-// cp.async; rows at or beyond row_limit are zero-filled and never read from global memory.
-// When kChunks divides the block, thread t copies chunk t % kChunks of rows t / kChunks + n kRowStep:
-// kRowStep is a multiple of 8, so the swizzle is the same for all its rows and every address is
-// one base plus constants (no registers held across the main loop). D = 96 (12 chunks a row)
-// takes the general loop.
-template <typename T, int D, int kRows>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int row_limit) {
-  constexpr int kChunks = D / 8;
+// Copy rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared [kRows][Dp]
+// tile with cp.async; rows at or beyond row_limit, and with kPadded the columns d >= D, are
+// zero-filled and never read from global memory (D % 8 == 0: a 16-byte chunk is wholly in or out).
+// When kChunks divides the block in a multiple of 8 rows, thread t copies chunk t % kChunks of rows
+// t / kChunks + n kRowStep: the swizzle is the same for all its rows and every address is one base
+// plus constants (no registers held across the main loop). Dp = 96, 160, 224 (12, 20, 28 chunks a
+// row) and 256 (4 rows per step) take the general loop, whose chunks are 32-bit offsets from the
+// tile's first row (64-bit row addresses per chunk held more registers, and spilled at Dp = 96).
+// A padding chunk's copy (src-size 0) points at the first chunk of its own row, in bounds and in the
+// lines its warp reads anyway, not at the tensor's start, which every such lane of every block
+// would share.
+template <typename T, int Dp, int kRows, bool kPadded>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int row_limit, int D) {
+  constexpr int kChunks = Dp / 8;
   static_assert((kRows * kChunks) % kThreads == 0, "every thread copies the same number of chunks");
   const int t = static_cast<int>(threadIdx.x);
-  if constexpr (kThreads % kChunks == 0) {
+  if constexpr (kThreads % kChunks == 0 && (kThreads / kChunks) % 8 == 0) {
     constexpr int kRowStep = kThreads / kChunks;
-    static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0, "a fixed swizzle per thread");
+    static_assert(kRows % kRowStep == 0, "a fixed swizzle per thread");
     const int r0 = t / kChunks;
     const int c = t % kChunks;
-    const uint32_t dst = course::smem_u32(tile + r0 * D + tc::swizzle<kChunks>(r0, c) * 8);
-    const T* from = src + (static_cast<int64_t>(row0) + r0) * D + c * 8;
+    const bool col_valid = !kPadded || c * 8 < D;
+    const uint32_t dst = course::smem_u32(tile + r0 * Dp + tc::swizzle<kChunks>(r0, c) * 8);
+    const T* from = src + (static_cast<int64_t>(row0) + r0) * D + (col_valid ? c * 8 : 0);
     if (row0 + kRows <= row_limit) {  // a whole tile: no per-row checks
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n)
-        course::cp_async_16(dst + n * kRowStep * D * sizeof(T), from + n * kRowStep * D, true);
+        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), from + n * kRowStep * D, col_valid);
     } else {
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n) {
-        const bool valid = row0 + r0 + n * kRowStep < row_limit;
-        course::cp_async_16(dst + n * kRowStep * D * sizeof(T), valid ? from + n * kRowStep * D : src, valid);
+        const bool row_valid = row0 + r0 + n * kRowStep < row_limit;
+        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), row_valid ? from + n * kRowStep * D : src,
+                            row_valid && col_valid);
       }
     }
   } else {
+    const T* tile_src = src + static_cast<int64_t>(row0) * D;
 #pragma unroll
     for (int n = 0; n < kRows * kChunks / kThreads; ++n) {
       const int idx = n * kThreads + t;
       const int r = idx / kChunks;
       const int c = idx % kChunks;
-      const bool valid = row0 + r < row_limit;
-      const T* from = valid ? src + (static_cast<int64_t>(row0) + r) * D + c * 8 : src;
-      course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8), from, valid);
+      const bool row_valid = row0 + r < row_limit;
+      const bool col_valid = !kPadded || c * 8 < D;
+      const T* from = row_valid ? tile_src + r * D + (col_valid ? c * 8 : 0) : src;
+      course::cp_async_16(course::smem_u32(tile + r * Dp + tc::swizzle<kChunks>(r, c) * 8), from,
+                          row_valid && col_valid);
     }
   }
 }
 
 // Every ldmatrix.x4 of the kernel uses one lane pattern: lane l gives the address of row
-// R + l % 16, chunk C + l / 16 of a swizzled [rows][D] tile, so the four 8x8 matrices are
+// R + l % 16, chunk C + l / 16 of a swizzled [rows][Dp] tile, so the four 8x8 matrices are
 // (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple of 16) and C (even) are constants
 // once the loops are unrolled. With lane_base = the tile's address of the lane's own (l % 16, l / 16)
 // element and G = the swizzle group (8 or 4 chunks), the swizzled address is
-//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * D * 2
+//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * Dp * 2
 // because tiles and rows are multiples of G * 16 bytes: one XOR with a constant per ldmatrix, and
 // one register per tile instead of one per unrolled ldmatrix.
-template <int D>
+template <int Dp>
 __device__ __forceinline__ uint32_t lane_tile_offset(int lane) {
   const int row = lane & 15;
   const int chunk = lane >> 4;
-  return static_cast<uint32_t>((row * D + tc::swizzle<D / 8>(row, chunk) * 8) * 2);
+  return static_cast<uint32_t>((row * Dp + tc::swizzle<Dp / 8>(row, chunk) * 8) * 2);
 }
 
-template <int D>
+template <int Dp>
 __device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
-  constexpr int kGroup = (D / 8) % 8 == 0 ? 8 : 4;
+  constexpr int kGroup = (Dp / 8) % 8 == 0 ? 8 : 4;
   return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
-         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * D * 2);
+         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * Dp * 2);
 }
 
-template <typename T, int D, bool kHasMask, bool kWindow>
-__global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p) {
+template <typename T, int Dp, bool kPadded, bool kHasMask, bool kWindow>
+__global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p, const int head_dim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16 and cp.async need sm_80; the host refuses older GPUs first
 #else
-  constexpr int kBr = Tile<D>::kBr;
-  constexpr int kBc = Tile<D>::kBc;
-  constexpr int kStages = Tile<D>::kStages;
-  constexpr int kChunks = D / 8;            // 16-byte chunks per tile row
+  constexpr int kBr = Tile<Dp>::kBr;
+  constexpr int kBc = Tile<Dp>::kBc;
+  constexpr int kStages = Tile<Dp>::kStages;
+  constexpr int kChunks = Dp / 8;           // 16-byte chunks per tile row
   constexpr int kWarpRows = kBr / kWarps;   // query rows owned by one warp
   constexpr int kM = kWarpRows / 16;        // m16 tiles of a warp's rows
   constexpr int kN = kBc / 8;               // n8 tiles of S (keys)
-  constexpr int kDn = D / 8;                // n8 tiles of O (head dim)
+  constexpr int kDn = Dp / 8;               // n8 tiles of O (head dim)
   static_assert(kBr % (16 * kWarps) == 0, "each warp owns whole m16 tiles of query rows");
-  static_assert(kBc % 16 == 0 && D % 16 == 0, "both matmuls step over k in 16s (m16n8k16)");
-  static_assert(D % 32 == 0, "the swizzle needs rows of a multiple of 64 bytes");
+  static_assert(kBc % 16 == 0 && Dp % 16 == 0, "both matmuls step over k in 16s (m16n8k16)");
+  static_assert(Dp % 32 == 0, "the swizzle needs rows of a multiple of 64 bytes");
   static_assert(kStages >= 2, "the K/V ring needs a block being computed and one in flight");
 
   extern __shared__ __align__(128) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);   // [Br][D], reused for the output tile at the end
-  T* sK = sQ + kBr * D;                 // [kStages][Bc][D]
-  T* sV = sK + kStages * kBc * D;       // [kStages][Bc][D]
+  T* sQ = reinterpret_cast<T*>(smem);   // [Br][Dp], reused for the output tile at the end
+  T* sK = sQ + kBr * Dp;                // [kStages][Bc][Dp]
+  T* sV = sK + kStages * kBc * Dp;      // [kStages][Bc][Dp]
 
   const int warp = static_cast<int>(threadIdx.x) / course::kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % course::kWarpSize;
@@ -188,6 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int q0 = q_block * kBr;
   const int64_t bh = static_cast<int64_t>(b) * p.H + h;
   const int64_t bh_kv = static_cast<int64_t>(b) * p.H_kv + h / (p.H / p.H_kv);  // GQA: this head's KV head
+  const int D = kPadded ? head_dim : Dp;  // the tensors' row pitch; tile columns D..Dp-1 stay zeros
   const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
   const T* K = static_cast<const T*>(p.k) + bh_kv * p.Sk * D;
   const T* V = static_cast<const T*>(p.v) + bh_kv * p.Sk * D;
@@ -205,14 +243,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 
   // Load Q_i, then the first kStages - 1 blocks of K and V (one commit group per block). Block j
   // goes to ring stage j % kStages.
-  load_tile<T, D, kBr>(sQ, Q, q0, p.Sq);
+  load_tile<T, Dp, kBr, kPadded>(sQ, Q, q0, p.Sq, D);
   course::cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     const int j = j_begin + s;
     if (j < n_blocks) {
-      load_tile<T, D, kBc>(sK + (j % kStages) * kBc * D, K, j * kBc, kv_len);
-      load_tile<T, D, kBc>(sV + (j % kStages) * kBc * D, V, j * kBc, kv_len);
+      load_tile<T, Dp, kBc, kPadded>(sK + (j % kStages) * kBc * Dp, K, j * kBc, kv_len, D);
+      load_tile<T, Dp, kBc, kPadded>(sV + (j % kStages) * kBc * Dp, V, j * kBc, kv_len, D);
     }
     course::cp_async_commit();
   }
@@ -238,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int warp_row0 = warp * kWarpRows;  // first row of this warp inside the tile
   const int warp_q0 = q0 + warp_row0;      // ... and in the sequence
   // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
-  const uint32_t lane_offset = lane_tile_offset<D>(lane);
-  const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * D) + lane_offset;
+  const uint32_t lane_offset = lane_tile_offset<Dp>(lane);
+  const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * Dp) + lane_offset;
 
   for (int j = j_begin; j < n_blocks; ++j) {
     // Wait for K_j, V_j (and Q at the first block); the barrier makes every thread's copies
@@ -250,14 +288,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       const int jn = j + kStages - 1;
       if (jn < n_blocks) {
         const int stage = jn % kStages;
-        load_tile<T, D, kBc>(sK + stage * kBc * D, K, jn * kBc, kv_len);
-        load_tile<T, D, kBc>(sV + stage * kBc * D, V, jn * kBc, kv_len);
+        load_tile<T, Dp, kBc, kPadded>(sK + stage * kBc * Dp, K, jn * kBc, kv_len, D);
+        load_tile<T, Dp, kBc, kPadded>(sV + stage * kBc * Dp, V, jn * kBc, kv_len, D);
       }
       course::cp_async_commit();  // an empty group past the end keeps the wait count uniform
     }
     const int kv0 = j * kBc;
-    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * D) + lane_offset;
-    const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * D) + lane_offset;
+    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * Dp) + lane_offset;
+    const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * Dp) + lane_offset;
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
     // hidden and the warp has nothing to do for this block. Window: likewise when every key lies
@@ -278,14 +316,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < Dp / 16; ++kk) {
       uint32_t a[kM][4];
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<D>(q_lane, mt * 16, 2 * kk));
+      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bk[4];
-        tc::ldmatrix_x4(bk, ldsm_addr<D>(k_lane, np * 16, 2 * kk));
+        tc::ldmatrix_x4(bk, ldsm_addr<Dp>(k_lane, np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           tc::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
@@ -373,9 +411,9 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         pa[mt][3] = tc::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
+      for (int dp = 0; dp < Dp / 16; ++dp) {
         uint32_t bv[4];
-        tc::ldmatrix_x4_trans(bv, ldsm_addr<D>(v_lane, kk * 16, 2 * dp));
+        tc::ldmatrix_x4_trans(bv, ldsm_addr<Dp>(v_lane, kk * 16, 2 * dp));
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           tc::mma_16816<T>(o[mt][2 * dp], pa[mt], bv[0], bv[1]);
@@ -405,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         p.lse[bh * p.Sq + q0 + row] = total > 0.0f ? (m[mt][r] + log2f(total)) * kLn2 : -CUDART_INF_F;
 #pragma unroll
       for (int dn = 0; dn < kDn; ++dn) {
-        T* dst = sQ + row * D + tc::swizzle<kChunks>(row, dn) * 8 + (lane & 3) * 2;
+        T* dst = sQ + row * Dp + tc::swizzle<kChunks>(row, dn) * 8 + (lane & 3) * 2;
         *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
       }
     }
@@ -417,46 +455,58 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     const int idx = n * course::kWarpSize + lane;
     const int row = warp_row0 + idx / kChunks;
     const int c = idx % kChunks;
-    if (q0 + row < p.Sq) {
-      const uint4 val = *reinterpret_cast<const uint4*>(sQ + row * D + tc::swizzle<kChunks>(row, c) * 8);
+    if (q0 + row < p.Sq && (!kPadded || c * 8 < D)) {
+      const uint4 val = *reinterpret_cast<const uint4*>(sQ + row * Dp + tc::swizzle<kChunks>(row, c) * 8);
       *reinterpret_cast<uint4*>(O + static_cast<int64_t>(q0 + row) * D + c * 8) = val;
     }
   }
 #endif
 }
 
-template <typename T, int D, bool kHasMask, bool kWindow>
-void launch(const Params& p, int B, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<D, T>();
-  constexpr auto* kernel = tc_attention_kernel<T, D, kHasMask, kWindow>;
+template <typename T, int Dp, bool kPadded, bool kHasMask, bool kWindow>
+void launch(const Params& p, int D, int B, cudaStream_t stream) {
+  constexpr size_t smem = smem_bytes<Dp, T>();
+  constexpr auto* kernel = tc_attention_kernel<T, Dp, kPadded, kHasMask, kWindow>;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TORCH_CHECK(major >= 8, "the tensor-core attention kernel needs compute capability 8.0 or newer "
               "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
+  static_assert(2 * smem <= 227 * 1024, "two blocks per SM (__launch_bounds__) must fit in 227 KB of shared memory");
   course::opt_in_shared_memory<kernel>(device, static_cast<int>(smem));
-  const dim3 grid(course::ceil_div(p.Sq, Tile<D>::kBr), p.H, B);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  const dim3 grid(course::ceil_div(p.Sq, Tile<Dp>::kBr), p.H, B);
+  kernel<<<grid, kThreads, smem, stream>>>(p, D);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int D>
-void launch_for_mask(const Params& p, int B, cudaStream_t stream) {
+template <typename T, int Dp, bool kPadded>
+void launch_for_mask(const Params& p, int D, int B, cudaStream_t stream) {
   const bool mask = p.masking.mask.kind != course::MaskKind::kNone;
   if (p.window > 0) {
-    mask ? launch<T, D, true, true>(p, B, stream) : launch<T, D, false, true>(p, B, stream);
+    mask ? launch<T, Dp, kPadded, true, true>(p, D, B, stream) : launch<T, Dp, kPadded, false, true>(p, D, B, stream);
   } else {
-    mask ? launch<T, D, true, false>(p, B, stream) : launch<T, D, false, false>(p, B, stream);
+    mask ? launch<T, Dp, kPadded, true, false>(p, D, B, stream)
+         : launch<T, Dp, kPadded, false, false>(p, D, B, stream);
   }
 }
 
-template <int D>
-void launch_for_dtype(const Params& p, int B, at::ScalarType dtype, cudaStream_t stream) {
+template <int Dp, bool kPadded>
+void launch_for_dtype(const Params& p, int D, int B, at::ScalarType dtype, cudaStream_t stream) {
   if (dtype == at::kBFloat16) {
-    launch_for_mask<__nv_bfloat16, D>(p, B, stream);
+    launch_for_mask<__nv_bfloat16, Dp, kPadded>(p, D, B, stream);
   } else {
-    launch_for_mask<__half, D>(p, B, stream);
+    launch_for_mask<__half, Dp, kPadded>(p, D, B, stream);
+  }
+}
+
+// D runs on the tiles of Dp, the next multiple of 32; the padded instance only when D < Dp.
+template <int Dp>
+void launch_for_padding(const Params& p, int D, int B, at::ScalarType dtype, cudaStream_t stream) {
+  if (D == Dp) {
+    launch_for_dtype<Dp, false>(p, D, B, dtype, stream);
+  } else {
+    launch_for_dtype<Dp, true>(p, D, B, dtype, stream);
   }
 }
 
@@ -480,12 +530,18 @@ void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.scale_log2 = scale * kLog2e;
   p.masking = masking;
   const int B = static_cast<int>(q.size(0));
-  switch (q.size(3)) {
-    case 32: launch_for_dtype<32>(p, B, q.scalar_type(), stream); break;
-    case 64: launch_for_dtype<64>(p, B, q.scalar_type(), stream); break;
-    case 96: launch_for_dtype<96>(p, B, q.scalar_type(), stream); break;
-    case 128: launch_for_dtype<128>(p, B, q.scalar_type(), stream); break;
-    default: TORCH_CHECK(false, "head dim D=", q.size(3), " (q.size(3)) is not supported: use 32, 64, 96 or 128");
+  const int D = static_cast<int>(q.size(3));
+  TORCH_CHECK(supported_head_dim(D), "head dim D=", D, " (q.size(3)) is not supported: use a multiple of 8 from ",
+              kMinHeadDim, " to ", kMaxHeadDim);
+  switch (course::ceil_div(D, 32)) {
+    case 1: launch_for_padding<32>(p, D, B, q.scalar_type(), stream); break;
+    case 2: launch_for_padding<64>(p, D, B, q.scalar_type(), stream); break;
+    case 3: launch_for_padding<96>(p, D, B, q.scalar_type(), stream); break;
+    case 4: launch_for_padding<128>(p, D, B, q.scalar_type(), stream); break;
+    case 5: launch_for_padding<160>(p, D, B, q.scalar_type(), stream); break;
+    case 6: launch_for_padding<192>(p, D, B, q.scalar_type(), stream); break;
+    case 7: launch_for_padding<224>(p, D, B, q.scalar_type(), stream); break;
+    default: launch_for_padding<256>(p, D, B, q.scalar_type(), stream); break;
   }
 }
 

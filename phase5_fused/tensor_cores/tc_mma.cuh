@@ -21,8 +21,8 @@ namespace tc {
 // 4 banks (16 bytes each). ldmatrix reads one chunk from each of 8 consecutive rows; unswizzled, a
 // row pitch that is a multiple of 128 bytes puts all 8 in the same bank group (8-way conflict).
 // Storing logical chunk c of row r at chunk swizzle(r, c) spreads those 8 chunks over 8 groups:
-//   kChunks % 8 == 0 (D = 64, 128): c ^ (r % 8)        -> group (c ^ r) % 8, distinct over 8 rows
-//   kChunks % 8 == 4 (D = 32, 96):  c ^ ((r / 2) % 4)  -> group 4 (r % 2) + (c ^ r/2) % 4, distinct
+//   kChunks % 8 == 0 (D = 64, 128, 192, 256): c ^ (r % 8)        -> group (c ^ r) % 8, distinct over 8 rows
+//   kChunks % 8 == 4 (D = 32, 96, 160, 224):  c ^ ((r / 2) % 4)  -> group 4 (r % 2) + (c ^ r/2) % 4, distinct
 // Both stay inside the row (XOR only touches the low 3 or 2 bits of c).
 template <int kChunks>
 __device__ __forceinline__ int swizzle(int row, int chunk) {

@@ -33,8 +33,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c1
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the tensor-core kernel, got ", q.scalar_type());
   const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true);
-  TORCH_CHECK(phase5_tc::supported_head_dim(s.D), "head dim D=", s.D,
-              " (q.size(3)) is not supported: use 32, 64, 96 or 128");
+  TORCH_CHECK(phase5_tc::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use a "
+              "multiple of 8 from ", phase5_tc::kMinHeadDim, " to ", phase5_tc::kMaxHeadDim);
   TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max(),
               "q and k sequence lengths must fit in int32");
   const int64_t kernel_window = course::check_window(window, is_causal, s.Sq);  // < Sq: fits in int

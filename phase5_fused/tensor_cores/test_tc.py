@@ -1,12 +1,16 @@
 """Tests of the tensor-core fused attention (phase5_fused.tensor_cores): FP16 and BF16 against the float64
 reference, within the dtype's tolerance (5e-3 FP16, 1e-2 BF16, relative norm) and no worse than
 twice torch SDPA's error in the same dtype on the same inputs. Outputs are poisoned (NaN) first.
-GPU tests skip without a GPU; the CPU-tensor error is checked everywhere.
+Head dims: HEAD_DIMS or MAIN_HEAD_DIMS in the grids (padded D < Dp and unpadded D = Dp among them),
+EVERY_INSTANCE once for each compiled instance. GPU tests skip without a GPU; the CPU-tensor and
+unsupported-D errors are checked everywhere.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,14 @@ DTYPES = (torch.float16, torch.bfloat16)
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 # SDPA's error can be ~0 (S = 1: the output is v itself); below this the 2x rule is not applied.
 SDPA_FLOOR = 1e-5
+# A representative head dim for each tile head dim Dp (tc_attention.cu runs D on the tiles of the next
+# multiple of 32): 8 (the smallest), 40, 80 (the common one) and 208 padded (D < Dp), the others not.
+HEAD_DIMS = (8, 40, 64, 80, 96, 128, 160, 192, 208, 256)
+# The larger grids: the headline sizes, the common padded one and the largest; OTHER_HEAD_DIMS the rest.
+MAIN_HEAD_DIMS = (64, 80, 128, 256)
+OTHER_HEAD_DIMS = tuple(d for d in HEAD_DIMS if d not in MAIN_HEAD_DIMS)
+# One padded and one unpadded D per tile head dim Dp: together every compiled instance.
+EVERY_INSTANCE = tuple(d for dp in tc.TILE_D for d in (dp - 16, dp))
 
 
 def make_qkv(B, H, Sq, Sk, D, dtype, scale=1.0, H_kv=None):
@@ -71,7 +83,7 @@ def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=Non
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 @pytest.mark.parametrize("S", [1, 17, 128, 1000, 4096])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_square_grid(S, D, dtype, causal):
@@ -81,7 +93,7 @@ def test_square_grid(S, D, dtype, causal):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", [32, 64, 96, 128])
+@pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("Sq,Sk", [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cross_lengths(Sq, Sk, D, causal):
@@ -90,7 +102,7 @@ def test_cross_lengths(Sq, Sk, D, causal):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("D", OTHER_HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_other_head_dims_bf16(D, causal):
     q, k, v, info = make_qkv(2, 2, 200, 321, D, torch.bfloat16)
@@ -99,7 +111,7 @@ def test_other_head_dims_bf16(D, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_key_padding(D, dtype, causal):
     Sq, Sk = 200, 300
@@ -125,7 +137,7 @@ def test_key_padding_ignores_padded_values():
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 @pytest.mark.parametrize("kind", ["bool", "bool_broadcast", "additive", "additive_broadcast"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_masks(kind, D, dtype, causal):
@@ -147,16 +159,59 @@ def test_masks(kind, D, dtype, causal):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("D", OTHER_HEAD_DIMS)
 def test_mask_other_head_dims(D):
     q, k, v, info = make_qkv(2, 2, 70, 90, D, torch.float16)
     check(q, k, v, info, mask=random_bool_mask((2, 2, 70, 90)), is_causal=True)
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", EVERY_INSTANCE)
+def test_every_instance(D, dtype):
+    """Each compiled instance once (dtype, tile head dim, padded or not, mask, window): causal with key
+    padding, a mask with a fully masked row, and a window over grouped heads with and without a mask;
+    Sq, Sk in no tile's multiple."""
+    B, H, Sq, Sk = 3, 4, 150, 333
+    q, k, v, info = make_qkv(B, H, Sq, Sk, D, dtype, H_kv=2)
+    k_full, v_full = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    lengths = torch.tensor([Sk, 140, 0], device="cuda")
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    check(q, k_full, v_full, info, is_causal=True, key_lengths=lengths)
+    check(q, k_full, v_full, info, mask=mask, key_lengths=lengths)
+    check(q, k, v, info, is_causal=True, window=70)
+    check(q, k, v, info, mask=mask, is_causal=True, key_lengths=lengths, window=70)
+
+
+def inside_nan_tail(x: torch.Tensor, tail: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's values as a contiguous view at the start of a buffer whose last `tail` elements are NaN:
+    (the view, the tail)."""
+    buffer = torch.full((x.numel() + tail,), float("nan"), dtype=x.dtype, device=x.device)
+    view = buffer[: x.numel()].view_as(x).copy_(x)
+    return view, buffer[x.numel():]
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [8, 80, 208, 248])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padded_columns_stay_inside_the_rows(D, causal):
+    """A padded D (< Dp) reads and writes only its D columns: NaN right after the last row of q, k
+    and v (where a read of columns D..Dp-1 would land) cannot reach the output, and the NaN after the
+    output's last row stays untouched."""
+    q, k, v, info = make_qkv(1, 1, 37, 45, D, torch.float16)
+    (q_in, _), (k_in, _), (v_in, _) = (inside_nan_tail(t) for t in (q, k, v))
+    out, out_tail = inside_nan_tail(poisoned_like(q))
+    tc.attention(q_in, k_in, v_in, is_causal=causal, out=out)
+    ref = reference.attention(q, k, v, is_causal=causal)
+    assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
+    assert torch.isnan(out_tail).all(), f"the kernel wrote past the output's last row {info}"
+
+
+@requires_gpu
 @pytest.mark.parametrize("dtype,magnitude", [(torch.float16, 100.0), (torch.bfloat16, 1000.0)],
                          ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 def test_large_magnitude(dtype, magnitude, D):
     q, k, v, info = make_qkv(2, 2, 300, 300, D, dtype, scale=magnitude)
     out = run_tc(q, k, v, is_causal=True)
@@ -223,7 +278,7 @@ HEADS = [(8, 8), (8, 2), (8, 1)]  # (H, H_kv): multi-head, grouped-query, multi-
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("H,H_kv", HEADS)
-@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gqa(H, H_kv, D, dtype, causal):
     """k, v with H_kv heads against the float64 reference, Sq != Sk."""
@@ -233,7 +288,7 @@ def test_gqa(H, H_kv, D, dtype, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("H_kv", [2, 1])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 def test_gqa_reads_the_group_kv_head(H_kv, D):
     """The grouped call computes exactly what the kernel computes on K, V expanded per query head
     (the same arithmetic, bit for bit): query head h reads KV head h // (H // H_kv)."""
@@ -253,7 +308,7 @@ def test_window(window, S, H, H_kv, dtype):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", tc.SUPPORTED_D)
+@pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("Sq,Sk", [(300, 200), (150, 400), (1, 300), (257, 257)])
 @pytest.mark.parametrize("window", [1, 63, 100])
 def test_window_every_head_dim_and_cross_lengths(D, Sq, Sk, window):
@@ -262,7 +317,7 @@ def test_window_every_head_dim_and_cross_lengths(D, Sq, Sk, window):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 def test_window_with_mask_and_key_lengths(D):
     """The window combines with a mask and key padding (a batch with no key gives zeros)."""
     B, H, Sq, Sk = 3, 4, 260, 300
@@ -285,7 +340,7 @@ def test_window_rows_past_their_keys_are_zero():
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", MAIN_HEAD_DIMS)
 def test_gqa_window_lse(D):
     q, k, v, info = make_qkv(2, 4, 200, 200, D, torch.float16, H_kv=2)
     out, lse = tc.attention(q, k, v, is_causal=True, window=33, return_lse=True)
@@ -304,6 +359,17 @@ def test_gqa_window_refused_with_grad():
         tc.attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, window=4)
     with torch.no_grad():
         check(q, k, v, info, is_causal=True, window=4)
+
+
+@requires_gpu
+def test_head_dim_without_backward_refused_with_grad():
+    """D = 80 runs forward, but the tensor-core backward has no instance for it: refused by name when
+    an input requires grad, computed under torch.no_grad()."""
+    q, k, v, info = make_qkv(1, 2, 16, 24, 80, torch.float16)
+    with pytest.raises(ValueError, match=r"head dim D=80 \(q.shape\[-1\]\): the tensor-core backward takes D in"):
+        tc.attention(q, k, v.requires_grad_())
+    with torch.no_grad():
+        check(q, k, v, info, is_causal=True)
 
 
 @requires_gpu
@@ -354,6 +420,21 @@ def test_cpu_tensor_rejected_without_gpu():
         tc.attention(q, q, q)
 
 
+@pytest.mark.parametrize("D", [4, 12, 100, 264])
+def test_unsupported_head_dim_rejected_without_gpu(D):
+    q = torch.randn(1, 1, 8, D, dtype=torch.float16)
+    with pytest.raises(ValueError, match=rf"head dim D={D} \(q.shape\[-1\]\) is not supported: use a multiple of "
+                                         "8 from 8 to 256"):
+        tc.attention(q, q, q)
+
+
+def test_tile_head_dims_are_the_launchers():
+    """TILE_D is the list of Dp tc_attention.cu launches, and SUPPORTED_D is what they cover."""
+    source = (Path(tc.__file__).parent / "tc_attention.cu").read_text()
+    assert tuple(int(d) for d in re.findall(r"launch_for_padding<(\d+)>\(p, D", source)) == tc.TILE_D
+    assert tc.SUPPORTED_D == tuple(d for d in range(1, tc.TILE_D[-1] + 1) if d % 8 == 0)
+
+
 def test_bad_flags_rejected_without_gpu():
     q = torch.randn(1, 1, 8, 64, dtype=torch.float16)
     with pytest.raises(TypeError, match="is_causal"):
@@ -381,8 +462,8 @@ def test_bad_inputs_named():
         tc.attention(q.float(), k.float(), v.float())
     with pytest.raises(TypeError, match="q, k, v must share a dtype"):
         tc.attention(q, k.to(torch.bfloat16), v)
-    with pytest.raises(ValueError, match=r"D=80 \(q.shape\[-1\]\)"):
-        x = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"D=12 \(q.shape\[-1\]\)"):
+        x = torch.randn(1, 2, 16, 12, device="cuda", dtype=torch.float16)
         tc.attention(x, x, x)
     with pytest.raises(ValueError, match="k must be"):
         tc.attention(q, k[..., :32], v[..., :32])
@@ -407,9 +488,11 @@ def test_op_checks_name_the_argument():
     q, k, v, _ = make_qkv(1, 2, 16, 24, 64, torch.float16)
     with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
         ops.attention(q.float(), k.float(), v.float(), None, False, 0.125, None)
-    with pytest.raises(RuntimeError, match="D=80"):
-        x = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
-        ops.attention(x, x, x, None, False, 0.125, None)
+    for D in (12, 264):
+        x = torch.randn(1, 2, 16, D, device="cuda", dtype=torch.float16)
+        with pytest.raises(RuntimeError, match=rf"head dim D={D} \(q.size\(3\)\) is not supported: use a multiple "
+                                               "of 8 from 8 to 256"):
+            ops.attention(x, x, x, None, False, 0.125, None)
     with pytest.raises(RuntimeError, match="q must be contiguous"):
         ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, None, False, 0.125, None)
     flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
@@ -425,7 +508,7 @@ def test_op_checks_name_the_argument():
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", [32, 64, 96, 128])
+@pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_lse(D, dtype, causal):
     """lse against torch.logsumexp of the float64 scores; -inf exactly where a row sees no key."""
