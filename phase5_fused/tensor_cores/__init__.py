@@ -4,8 +4,8 @@
     out = tensor_cores.attention(q, k, v, is_causal=True)   # q, k, v: CUDA float16 or bfloat16
 
 Supports D in SUPPORTED_D (every multiple of 8 from 8 to 256: D runs on the tiles of the next
-multiple of 32, its padding columns zeros), any Sq and Sk (Sq != Sk too), causal (top-left aligned, as torch
-SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
+multiple of 32, its padding columns zeros), any Sq and Sk (Sq != Sk too), causal (top-left aligned,
+as torch SDPA), key padding by key_lengths [B], and boolean (True = attend) or additive float masks
 broadcastable to [B, H, Sq, Sk] (a slower path). Rows with no visible key give zeros.
 Grouped-query attention: k and v may have H_kv heads, H % H_kv == 0 (MQA: H_kv = 1); query head h
 reads KV head h // (H // H_kv), and K/V are never copied per query head. window=w (with is_causal):
@@ -82,9 +82,9 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     """softmax(scale * q k^T + mask) v on tensor cores.
 
     q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H % H_kv == 0 (grouped-query attention; H_kv = H
-    is plain multi-head): CUDA float16 or bfloat16 (the same dtype), D in
-    SUPPORTED_D (a multiple of 8 from 8 to 256); non-contiguous or misaligned inputs are copied. mask: bool (True = attend)
-    or float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
+    is plain multi-head): CUDA float16 or bfloat16 (the same dtype), D in SUPPORTED_D (a multiple of
+    8 from 8 to 256); non-contiguous or misaligned inputs are copied. mask: bool (True = attend) or
+    float (added to the scores), broadcastable to [B, H, Sq, Sk]. is_causal: query i sees keys
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. out: optional contiguous output tensor shaped like q (written in place; not
     differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32). window: None, or

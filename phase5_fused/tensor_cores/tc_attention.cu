@@ -128,9 +128,6 @@ struct Params {
 // plus constants (no registers held across the main loop). Dp = 96, 160, 224 (12, 20, 28 chunks a
 // row) and 256 (4 rows per step) take the general loop, whose chunks are 32-bit offsets from the
 // tile's first row (64-bit row addresses per chunk held more registers, and spilled at Dp = 96).
-// A padding chunk's copy (src-size 0) points at the first chunk of its own row, in bounds and in the
-// lines its warp reads anyway, not at the tensor's start, which every such lane of every block
-// would share.
 template <typename T, int Dp, int kRows, bool kPadded>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int row_limit, int D) {
   constexpr int kChunks = Dp / 8;
@@ -143,17 +140,17 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
     const int c = t % kChunks;
     const bool col_valid = !kPadded || c * 8 < D;
     const uint32_t dst = course::smem_u32(tile + r0 * Dp + tc::swizzle<kChunks>(r0, c) * 8);
-    const T* from = src + (static_cast<int64_t>(row0) + r0) * D + (col_valid ? c * 8 : 0);
+    const T* from = src + (static_cast<int64_t>(row0) + r0) * D + c * 8;
     if (row0 + kRows <= row_limit) {  // a whole tile: no per-row checks
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n)
-        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), from + n * kRowStep * D, col_valid);
+        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), col_valid ? from + n * kRowStep * D : src,
+                            col_valid);
     } else {
 #pragma unroll
       for (int n = 0; n < kRows / kRowStep; ++n) {
-        const bool row_valid = row0 + r0 + n * kRowStep < row_limit;
-        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), row_valid ? from + n * kRowStep * D : src,
-                            row_valid && col_valid);
+        const bool valid = col_valid && row0 + r0 + n * kRowStep < row_limit;
+        course::cp_async_16(dst + n * kRowStep * Dp * sizeof(T), valid ? from + n * kRowStep * D : src, valid);
       }
     }
   } else {
@@ -163,11 +160,9 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
       const int idx = n * kThreads + t;
       const int r = idx / kChunks;
       const int c = idx % kChunks;
-      const bool row_valid = row0 + r < row_limit;
-      const bool col_valid = !kPadded || c * 8 < D;
-      const T* from = row_valid ? tile_src + r * D + (col_valid ? c * 8 : 0) : src;
-      course::cp_async_16(course::smem_u32(tile + r * Dp + tc::swizzle<kChunks>(r, c) * 8), from,
-                          row_valid && col_valid);
+      const bool valid = row0 + r < row_limit && (!kPadded || c * 8 < D);
+      const T* from = valid ? tile_src + r * D + c * 8 : src;
+      course::cp_async_16(course::smem_u32(tile + r * Dp + tc::swizzle<kChunks>(r, c) * 8), from, valid);
     }
   }
 }
