@@ -163,9 +163,10 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
         profiled = [("phase5_decode", ours)]
         for name in SDPA:
+            fn = sdpa_gqa(name)
             try:
-                rows.append(decode_row(name, sdpa_gqa(name), (q, k, v, lengths), B, S, ref))
-                profiled.append((name, sdpa_gqa(name)))
+                rows.append(decode_row(name, fn, (q, k, v, lengths), B, S, ref))
+                profiled.append((name, fn))
                 continue
             except RuntimeError as exc:
                 skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
@@ -174,15 +175,15 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
             # the timing; the step then reads H / H_kv times the bytes), marked kv_expanded.
             try:
                 k_e, v_e = (x.repeat_interleave(H // H_KV, dim=1) for x in (k, v))
-                rows.append(decode_row(name, sdpa_gqa(name), (q, k_e, v_e, lengths), B, S, ref, kv_expanded=True))
+                rows.append(decode_row(name, fn, (q, k_e, v_e, lengths), B, S, ref, kv_expanded=True))
             except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                 skipped[f"{name} expanded B={B} S={S}"] = str(exc).splitlines()[0][:200]
             k_e = v_e = None
             torch.cuda.empty_cache()
         del ref
         if B in PROFILED_BATCHES:
-            for impl, fn in profiled:
-                rows += kernel_rows(impl, fn, (q, k, v, lengths), B, S)
+            for impl, impl_fn in profiled:
+                rows += kernel_rows(impl, impl_fn, (q, k, v, lengths), B, S)
         k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
         del k, v
         torch.cuda.empty_cache()
