@@ -28,7 +28,7 @@ from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
 B, H, D = 1, 8, 128
-SEQ_LENS = (16384, 32768, 65536, 131072)
+SEQ_LENS = (16384, 32768, 65536, 131072, 262144)
 QUICK_SEQ_LENS = (16384,)
 WORLDS = (1, 2, 4, 8)
 BLOCK_NAMES = ("course", "sdpa_flash")
