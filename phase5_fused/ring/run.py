@@ -5,7 +5,11 @@ For each number of ranks N in (1, 2, 4, 8) up to the visible GPUs, N processes j
 the ring and the all-gather version over the course's tensor-core block and over PyTorch's
 FlashAttention-2 block (which returns its logsumexp), the time of a call being the slowest rank's
 median. With N=1 the same blocks also run on the whole sequence in one call, the single-GPU time
-t1 that the scaling efficiency t1 / (N * t_N) is taken against. TFLOP/s count the sequence's
+t1 that the scaling efficiency t1 / (N * t_N) is taken against. With N > 1 the ring's two halves
+are also timed apart: its block computations and merges with no transfer (each step attends to the
+rank's own K/V shard in place of the one it would receive: the same calls on the same shapes), and
+its N - 1 K/V transfers with no compute; the share of the transfer time the ring hides is
+1 - max(0, t_ring - t_compute) / t_transfer. TFLOP/s count the sequence's
 FLOPs (utils.roofline.attention_flops), all ranks together. Then results/metrics.json and the
 tables of manifest.json. Without a GPU it measures nothing and renders the committed results.
 """
@@ -23,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from phase5_fused.ring import BLOCKS, allgather_attention, ring_attention, shard
+from phase5_fused.ring.ring import _Attention, _pass_on, _wait
 from utils.bench import timed_call
 from utils.kernel_bench import lesson_main, results_dir
 
@@ -49,6 +54,23 @@ def time_ms(fn) -> float:
     return slowest.item()
 
 
+def compute_only(q, k, v, seq_len: int, is_causal: bool, block: str, rank: int, world: int):
+    """The ring's block calls and merges without its transfers: every step attends to this rank's
+    own K/V shard, standing in for the shard of rank (rank - step) (same shapes, same calls)."""
+    state = _Attention(q, seq_len, rank, world, is_causal, D ** -0.5, block)
+    kv = torch.stack([k, v])
+    for step in range(world):
+        state.add(kv, (rank - step) % world)
+    return state.result(q.dtype, return_lse=True)
+
+
+def transfers_only(kv: torch.Tensor, receive: torch.Tensor, rank: int, world: int) -> None:
+    """The ring's world - 1 K/V transfers, each waited for, with no compute between them."""
+    for _ in range(world - 1):
+        _wait(_pass_on(kv, receive, rank, world, None))
+        kv, receive = receive, kv
+
+
 def bench_worker(rank: int, world: int, init_file: str, seq_lens, out_file: str) -> None:
     """One rank: time every configuration; rank 0 writes the rows to out_file."""
     from utils.roofline import attention_flops, tflops
@@ -73,6 +95,16 @@ def bench_worker(rank: int, world: int, init_file: str, seq_lens, out_file: str)
                     ms = time_ms(lambda: BLOCKS[block](*full, is_causal, D ** -0.5))
                     rows.append({**shape, "impl": f"single_{block}", "block": block, "ms": ms,
                                  "tflops": tflops(flops, ms)})
+                else:
+                    ms = time_ms(lambda: compute_only(*local, S, is_causal, block, rank, world))
+                    rows.append({**shape, "op": "ring_parts", "impl": f"compute_{block}", "block": block, "ms": ms})
+            if world > 1:
+                kv = torch.stack(local[1:])
+                receive = torch.empty_like(kv)
+                ms = time_ms(lambda: transfers_only(kv, receive, rank, world))
+                rows.append({**shape, "op": "ring_parts", "impl": "transfers", "ms": ms,
+                             "gb_s": kv.numel() * kv.element_size() * (world - 1) / ms / 1e6})
+                del kv, receive
             del full, local
             torch.cuda.empty_cache()
     if rank == 0:
@@ -81,12 +113,20 @@ def bench_worker(rank: int, world: int, init_file: str, seq_lens, out_file: str)
 
 
 def with_efficiency(rows: list[dict]) -> list[dict]:
-    """Each ring/allgather row with t1 / (N * t_N), t1 the single-GPU call of the same block and shape."""
-    single = {(r["block"], r["Sq"], r["causal"]): r["ms"] for r in rows if r["impl"].startswith("single_")}
+    """Each ring/allgather row with t1 / (N * t_N), t1 the single-GPU call of the same block and
+    shape; each multi-GPU ring row with its compute and transfer times apart and the share of the
+    transfer it hides, 1 - max(0, t_ring - t_compute) / t_transfer."""
+    by_impl = {(r["impl"], r["world"], r["Sq"], r["causal"]): r["ms"] for r in rows}
     for r in rows:
-        t1 = single.get((r["block"], r["Sq"], r["causal"]))
-        if t1 is not None and not r["impl"].startswith("single_"):
+        variant, _, block = r["impl"].partition("_")
+        t1 = by_impl.get((f"single_{block}", 1, r["Sq"], r["causal"]))
+        if t1 is not None and variant in VARIANTS:
             r["scaling_efficiency"] = t1 / (r["world"] * r["ms"])
+        compute = by_impl.get((f"compute_{block}", r["world"], r["Sq"], r["causal"]))
+        transfer = by_impl.get(("transfers", r["world"], r["Sq"], r["causal"]))
+        if variant == "ring" and compute is not None and transfer is not None:
+            r["compute_ms"], r["transfer_ms"] = compute, transfer
+            r["hidden"] = 1 - max(0.0, r["ms"] - compute) / transfer
     return rows
 
 
