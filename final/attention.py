@@ -168,7 +168,9 @@ def supported_modes(q, k=None, v=None, mask=None, stride=None, window=None) -> l
 
 
 def _needs_grad(q, k, v) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v))
+    """Autograd will record the call (utils.checks.records_grad, where k and v may be None)."""
+    return torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)
+                                        or (v is not None and v.requires_grad))
 
 
 @torch.compiler.assume_constant_result
@@ -235,7 +237,7 @@ def _signature(mode, q, k, v, mask, stride, window=None) -> tuple | None:
     if torch.compiler.is_compiling():
         return None
     try:
-        return (mode, q.device, q.dtype, q.dim(), q.shape[-1], stride, mask is not None, _needs_grad(q, k, v),
+        return (mode, q.device, q.dtype, q.ndim, q.shape[-1], stride, mask is not None, _needs_grad(q, k, v),
                 _grouped(q, k), window is not None)
     except (AttributeError, IndexError, TypeError):
         return None

@@ -218,30 +218,46 @@ def test_mode_rules_trace_under_compile_with_a_gpus_capability(monkeypatch, capa
 
 
 @pytest.mark.usefixtures("sm80")
-def test_a_call_checks_its_inputs_once(monkeypatch):
-    """cuda_attention_forward resolves the mode from metadata and leaves the input checks to the
-    phase API it calls: check_attention_shapes runs once per call (the phase op is a stub here)."""
+def test_a_valid_call_runs_the_op_first_and_the_checks_only_where_it_raises(monkeypatch):
+    """cuda_attention_forward resolves the mode from metadata; the fused phase API calls its op on
+    the arguments as given and runs the Python checks (once) only where the op raises, then calls
+    it again (the phase op is a stub here, which refuses its first call)."""
     from types import SimpleNamespace
 
     from utils import checks
     from utils.build import LOADED_OPS
 
-    calls = []
+    calls, op_calls = [], []
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
+    def op(q, *args):
+        op_calls.append(1)
+        if len(op_calls) == refused_call:
+            raise RuntimeError("the op's own check refused this call")
+        return torch.empty_like(q)
+
     real = checks.check_attention_shapes
     monkeypatch.setattr(checks, "check_attention_shapes", counting)
     monkeypatch.setattr(A, "check_attention_shapes", counting)
-    monkeypatch.setitem(LOADED_OPS, "phase5_fused_tc", SimpleNamespace(attention=lambda q, *a: torch.empty_like(q)))
+    monkeypatch.setitem(LOADED_OPS, "phase5_fused_tc", SimpleNamespace(attention=op))
     with warnings.catch_warnings(), FakeTensorMode():
         warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
         q = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
-        assert cuda_attention_forward(q, q, q).shape == q.shape  # resolves the mode (its rules check too)
+        refused_call = 0
+        assert cuda_attention_forward(q, q, q).shape == q.shape  # resolves the mode (its rules check)
         calls.clear()
-        assert cuda_attention_forward(q, q, q).shape == q.shape and len(calls) == 1  # remembered: one check
+        op_calls.clear()
+        assert cuda_attention_forward(q, q, q).shape == q.shape
+        assert len(calls) == 0 and len(op_calls) == 1  # remembered mode, valid call: no Python check
+        op_calls.clear()
+        refused_call = 1
+        assert cuda_attention_forward(q, q, q).shape == q.shape
+        assert len(calls) == 1 and len(op_calls) == 2  # refused: checked once, then called again
+        with pytest.raises(ValueError, match="scale must be a finite number"):  # an op would take inf
+            cuda_attention_forward(q, q, q, scale=float("inf"))
     q, k, v = _qkv()
     cuda_attention_forward(q, k, v, mode="reference")  # resolves
     calls.clear()

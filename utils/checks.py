@@ -9,6 +9,15 @@ The C++ ops check again (TORCH_CHECK); checking here first gives the user a Pyth
     check_kv_heads           grouped-query attention: H query heads over H_kv KV heads (H % H_kv == 0)
     check_window             a sliding window: an integer >= 1 (or None), only with is_causal
     grouped_or_window        which of the two a call uses, in words, for the errors of kernels without them
+    plain_arguments          the scalar arguments are of the kinds an op takes as they are (the APIs'
+                             unchecked first try, below)
+    records_grad             autograd will record this call (grad enabled, an input requires grad)
+
+The phase APIs of the fused kernels first call their op on the arguments as given, where no
+gradient is recorded and plain_arguments holds: the op checks every tensor itself (TORCH_CHECK,
+before any launch), so a valid call pays for no Python check. Where the op raises, the API runs
+these checks, which raise the error that names the argument, or convert what the op could not
+take as it was (a non-contiguous or misaligned tensor, a float16 mask), and calls the op again.
 """
 
 from __future__ import annotations
@@ -47,6 +56,20 @@ def dim_in(D, dims) -> bool:
     if isinstance(dims, range):
         return dims.start <= D < dims.stop
     return any(D == d for d in dims)
+
+
+def plain_arguments(is_causal, scale, window=None, stride=None) -> bool:
+    """is_causal a bool, scale None or a finite float, window and stride None or integers >= 1: the
+    scalars an op may be given unchecked (its float argument would take inf or nan, its int a bool)."""
+    return ((is_causal is True or is_causal is False)
+            and (scale is None or (type(scale) is float and math.isfinite(scale)))
+            and (window is None or (type(window) is int and window >= 1))
+            and (stride is None or (type(stride) is int and stride >= 1)))
+
+
+def records_grad(q, k, v) -> bool:
+    """Autograd will record a call on q, k, v: grad mode is on and one of them requires grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def check_kv_heads(H, H_kv, name: str = "k") -> int:

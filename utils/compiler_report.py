@@ -34,7 +34,7 @@ def ptxas_report(folder: Path, sources) -> list[dict]:
     def compile_one(source: str) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
-                [str(cuda_home / "bin" / "nvcc"), f"-arch=sm_{arch}", "-O3", "-c", "-Xptxas", "-v",
+                [str(cuda_home / "bin" / "nvcc"), f"-arch=sm_{arch}", "-O3", "-std=c++20", "-c", "-Xptxas", "-v",
                  *includes, str(Path(folder) / source), "-o", str(Path(tmp) / "k.o")],
                 capture_output=True, text=True, check=False)
         if proc.returncode != 0:

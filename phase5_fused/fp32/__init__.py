@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, dim_in, grouped_or_window
+from utils.checks import check_attention_inputs, dim_in, grouped_or_window, plain_arguments, records_grad
 
 SUPPORTED_D = (32, 64, 80, 96, 128)
 DTYPES = (torch.float32,)
@@ -77,6 +77,19 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
     configuration for this D (0 = default; run.py compares them). k, v may have H_kv heads and
     `window` (with is_causal) limits each query to its last `window` keys: fast kernel only."""
+    # The common call first: the fast kernel's op without an autograd formula, on the arguments as
+    # given (utils.checks: the op checks every tensor itself; where it raises, the checked path below
+    # names the argument or copies what the op could not take as it was).
+    if kernel == "fast" and variant == 0 and plain_arguments(is_causal, scale, window, stride) \
+            and not torch.compiler.is_compiling():
+        try:
+            if q.is_cuda and not records_grad(q, k, v):
+                out, lse = load().attention_fast_inference(
+                    q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse),
+                    0, 0 if window is None else window)
+                return (out, lse) if return_lse else out
+        except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
+            pass
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel != "fast" and variant != 0:
@@ -94,7 +107,7 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
     # The backward needs the logsumexp: ask for it when autograd will want a gradient.
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = records_grad(q, k, v)
     if needs_grad and extended:
         raise ValueError(f"{extended}: the backward kernels take neither grouped heads nor a window, and an "
                          "input requires grad; run under torch.no_grad()")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, dim_in
+from utils.checks import check_attention_inputs, dim_in, plain_arguments, records_grad
 
 NAME = "phase5_fused_hopper"
 SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
@@ -35,6 +35,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 # The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
 VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingpong")
 DEFAULT_VERSION = "v4_pingpong"
+# The op's `version` argument for each version name.
+VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
 # The GPU these kernels run on (compute capability).
 HOPPER = (9, 0)
 
@@ -96,6 +98,21 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     memory when q's heads are interleaved within a position (q.stride(1) < q.stride(2)), else
     contiguous.
     """
+    # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
+    # and the GPU itself; where it raises, the checked path below names the argument or copies a
+    # layout TMA cannot read).
+    if mask is None and (return_lse is True or return_lse is False) and plain_arguments(is_causal, scale) \
+            and not torch.compiler.is_compiling():
+        try:
+            number = VERSION_NUMBERS.get(version)
+            # (the GPU is asked before load(): the extension is built for Hopper only)
+            if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER \
+                    and not records_grad(q, k, v):
+                out, lse = load().attention(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None
+                                            else scale, key_lengths, return_lse, number)
+                return (out, lse) if return_lse else out
+        except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
+            pass
     if mask is not None:
         raise ValueError("mask is not supported by the Hopper kernel (causal and key_lengths only): "
                          "use phase5_fused.tensor_cores.attention for boolean or additive masks")
@@ -113,5 +130,5 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
         check_hopper(q.device)
     q, k, v = (_tma_readable(x, check_address=not tracing) for x in (q, k, v))
     out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse,
-                                VERSIONS.index(version) + 1)
+                                VERSION_NUMBERS[version])
     return (out, lse) if return_lse else out

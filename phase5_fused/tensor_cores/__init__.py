@@ -30,7 +30,8 @@ import torch
 
 from phase5_fused import backward
 from utils.build import op_loader
-from utils.checks import check_attention_inputs, check_cuda_tensor, dim_in, grouped_or_window
+from utils.checks import (check_attention_inputs, check_cuda_tensor, dim_in, grouped_or_window, plain_arguments,
+                          records_grad)
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
@@ -90,6 +91,16 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32). window: None, or
     an integer >= 1 with is_causal: query i sees keys i - window < j <= i.
     """
+    # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
+    # itself; where it raises, the checked path below names the argument or copies what it must).
+    if out is None and return_lse is False and plain_arguments(is_causal, scale, window) \
+            and not torch.compiler.is_compiling():
+        try:
+            if q.is_cuda and not records_grad(q, k, v):
+                return load().attention(q, k, v, mask, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None
+                                        else scale, key_lengths, 0 if window is None else window)
+        except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
+            pass
     if torch.is_tensor(q) and q.dim() == 4 and not dim_in(q.shape[-1], SUPPORTED_D):
         raise ValueError(f"head dim D={q.shape[-1]} (q.shape[-1]) is not supported: use a multiple of 8 from "
                          f"{SUPPORTED_D[0]} to {SUPPORTED_D[-1]}")
@@ -103,7 +114,7 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     if not tracing:
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = records_grad(q, k, v)
     extended = needs_grad and grouped_or_window(H, k.shape[1], window)
     if extended:
         raise ValueError(f"{extended}: the backward kernels take neither grouped heads nor a window, and an "
