@@ -48,6 +48,20 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * course::kWarpSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// Lazy rescaling: a warp raises its rows' running max only when a score exceeds it by more than
+// this (log2 units), so P = 2^(S - m) stays <= 2^8 between rescales.
+constexpr float kLazyLog2 = 8.0f;
+
+// The max of row lane/4 + 8r of an m16 tile of S (this thread's n8 fragments, then the 4 lanes
+// that share the row).
+template <int kN>
+__device__ __forceinline__ float row_max_of(const float (&s)[kN][4], int r) {
+  float x = -CUDART_INF_F;
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) x = fmaxf(x, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+  x = fmaxf(x, __shfl_xor_sync(course::kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(course::kFullMask, x, 2));
+}
 
 // Tile sizes per tile head dim Dp: Br query rows per block (Br / 4 per warp), Bc keys per K/V
 // block, kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) Dp * 2 bytes;
@@ -357,21 +371,40 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     // Online softmax in FP32: m_new = max(m, rowmax(S)), P = 2^(S - m_new),
     // l = 2^(m - m_new) l + rowsum(P), O = 2^(m - m_new) O. A row with no visible key so far keeps
     // m = -inf; it subtracts 0 instead, so P = 0 and the rescale factor is 0, never NaN.
+    // Lazy rescaling: m is raised only when some row of the warp has a score more than kLazyLog2
+    // above its m (a warp-wide vote, so the warp never diverges). Otherwise every row keeps its m:
+    // P = 2^(S - m) <= 2^kLazyLog2, far inside FP16/BF16, and l and O skip their rescale for this
+    // block. O / l is unchanged, since l and O always share the m they were summed against. (A
+    // raising block computes the row maxima twice: no register holds them across the vote.)
+    bool raise = false;
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) raise |= row_max_of<kN>(s[mt], r) > m[mt][r] + kLazyLog2;
+    }
+    raise = __any_sync(course::kFullMask, raise);
+    if (raise) {
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_new = fmaxf(m[mt][r], row_max_of<kN>(s[mt], r));
+          const float alpha = tc::exp2_approx(m[mt][r] - (m_new == -CUDART_INF_F ? 0.0f : m_new));
+          m[mt][r] = m_new;
+          l[mt][r] *= alpha;
+#pragma unroll
+          for (int dn = 0; dn < kDn; ++dn) {
+            o[mt][dn][2 * r] *= alpha;
+            o[mt][dn][2 * r + 1] *= alpha;
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float row_max = -CUDART_INF_F;
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
-          row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-        // The four lanes lane/4 == g share row g: reduce across them.
-        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 1));
-        row_max = fmaxf(row_max, __shfl_xor_sync(course::kFullMask, row_max, 2));
-        const float m_new = fmaxf(m[mt][r], row_max);
-        const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;
-        const float alpha = tc::exp2_approx(m[mt][r] - m_use);
-        m[mt][r] = m_new;
+        const float m_use = m[mt][r] == -CUDART_INF_F ? 0.0f : m[mt][r];
         float row_sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
@@ -381,12 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
             row_sum += s[mt][nt][e];
           }
         }
-        l[mt][r] = l[mt][r] * alpha + row_sum;
-#pragma unroll
-        for (int dn = 0; dn < kDn; ++dn) {
-          o[mt][dn][2 * r] *= alpha;
-          o[mt][dn][2 * r + 1] *= alpha;
-        }
+        l[mt][r] += row_sum;
       }
     }
     // END SOLUTION

@@ -221,6 +221,21 @@ def test_large_magnitude(dtype, magnitude, D):
 
 
 @requires_gpu
+@pytest.mark.parametrize("growth", ["rising", "falling"])
+@pytest.mark.parametrize("D", (64, 128))
+def test_running_max_rising_and_falling_across_key_blocks(growth, D):
+    """Lazy rescaling: keys scaled by a ramp, so each row's scores grow from block to block by
+    more than the kernel's threshold (the max is raised, O rescaled, again and again) or shrink
+    (the first block's max is kept to the end)."""
+    q, k, v, info = make_qkv(2, 3, 130, 700, D, torch.float16)
+    ramp = torch.linspace(0.1, 40.0, k.shape[2], device=k.device, dtype=torch.float32)  # a block: ~13 log2 units
+    ramp = ramp if growth == "rising" else ramp.flip(0)
+    k = (k.float() * ramp[:, None]).to(k.dtype)
+    for causal in (False, True):
+        check(q, k, v, info + f" {growth} causal={causal}", is_causal=causal)
+
+
+@requires_gpu
 @pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
 def test_explicit_scale(scale):
     q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
