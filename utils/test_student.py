@@ -66,7 +66,7 @@ PHASE_IDEAS = {
     "phase5_fused/fp32/fused_v3_cp_async.cu": ["o[i][c] *= alpha", "o[i][c] * inv"],
     "phase5_fused/fp32/fused_v4_exp2.cu": ["o[i][c] *= alpha", "o[i][c] * inv"],
     "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
-    "phase5_fused/tensor_cores/tc_attention.cu": ["tc::exp2_approx(m[mt][r] - m_use)", "__frcp_rn(total)"],
+    "phase5_fused/tensor_cores/tc_attention.cu": ["o[mt][dn][2 * r] *= alpha", "__frcp_rn(total)"],
     "phase5_fused/decode/decode_split.cu": ["exp2f(m[n] - base)", "o[n][e] * inv_l"],
     "phase5_fused/decode/decode_merge.cu": ["exp2f(weight[s] - lse)"],
     "phase5_fused/hopper/hopper_kernel.cuh": ["tc::exp2_approx(m[h] - m_use)", "o[4 * j + e] *= alpha[e / 2]",
