@@ -7,7 +7,8 @@ and the unpadded D = Dp (256 the largest): every instance. Sizes: Sq = 17 and Sk
 multiple of any tile, Sq != Sk), one batch with a key length inside a block and one with none,
 causal, and the mask path with a fully masked row. Then the window instances (with and without a
 mask) once each per D, grouped-query (H = 4 over H_kv = 2) at Sq = 300, Sk = 270, so that query
-blocks start past their first key blocks.
+blocks start past their first key blocks. Last, every instance of the lesson's versions (tc.VERSIONS
+other than "fast": version x dtype x D = 64, 128), causal and not, at Sq = 77, Sk = 130.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def main() -> int:
                 assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
                              what=f"{dtype} D={D} GQA window={window} mask={m is not None}")
                 cases += 1
+    # The lesson's versions: query and key blocks with tails, Sq != Sk.
+    for version in (name for name in tc.VERSIONS if name != tc.DEFAULT_VERSION):
+        for dtype in (torch.float16, torch.bfloat16):
+            for D in tc.VERSION_D:
+                q, k, v = random_qkv(2, 3, 77, 130, D, dtype=dtype)
+                for causal in (False, True):
+                    out = poisoned_like(q)
+                    tc.attention(q, k, v, is_causal=causal, out=out, version=version)
+                    assert_close(out, reference.attention(q, k, v, is_causal=causal), dtype=dtype,
+                                 rel_tol=TOL[dtype], what=f"version {version} {dtype} D={D} causal={causal}")
+                    cases += 1
     torch.cuda.synchronize()
     print(f"tensor-core attention: {cases} kernel instantiations correct")
     return 0
