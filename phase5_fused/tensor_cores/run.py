@@ -71,6 +71,11 @@ def tc_fn(q, k, v, causal):
     return tensor_cores.attention(q, k, v, is_causal=causal)
 
 
+def version_fn(version):
+    """The lesson's version `version` (tensor_cores.VERSIONS) as f(q, k, v, causal)."""
+    return lambda q, k, v, causal: tensor_cores.attention(q, k, v, is_causal=causal, version=version)
+
+
 def fp32_fn(q, k, v, causal):
     return fp32.attention(q, k, v, is_causal=causal)
 
@@ -212,7 +217,7 @@ def version_rows(quick) -> list[dict]:
     """Every version of VERSION_ROWS at S=HEADLINE_S (quick: a quarter), D in HEAD_DIMS, causal and
     not, beside sdpa_flash on the same inputs: each version's row gets its number, the idea it adds
     and its speed-up over the version before."""
-    from utils.attention_bench import try_attention_row
+    from utils.attention_bench import numbered_versions, try_attention_row
     from utils.peers import sdpa
 
     flash = sdpa("sdpa_flash")
@@ -224,21 +229,9 @@ def version_rows(quick) -> list[dict]:
             peer = try_attention_row("sdpa_flash", lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_), q, k, v,
                                      causal)
             rows += [peer] if peer is not None else []
-            previous_ms = None
-            for number, version in enumerate(tensor_cores.VERSIONS, 1):
-                impl, adds = VERSION_ROWS[version]
-                row = try_attention_row(
-                    impl, lambda q_, k_, v_, c_, name=version: tensor_cores.attention(q_, k_, v_, is_causal=c_,
-                                                                                      version=name),
-                    q, k, v, causal)
-                if row is None:
-                    previous_ms = None
-                    continue
-                row.update(version=number, adds=adds)
-                if previous_ms is not None:
-                    row["speedup_over_previous"] = previous_ms / row["ms"]
-                previous_ms = row["ms"]
-                rows.append(row)
+            timed = [try_attention_row(VERSION_ROWS[version][0], version_fn(version), q, k, v, causal)
+                     for version in tensor_cores.VERSIONS]
+            rows += numbered_versions(timed, [VERSION_ROWS[version][1] for version in tensor_cores.VERSIONS])
             del q, k, v
             torch.cuda.empty_cache()
     return rows
