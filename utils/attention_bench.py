@@ -53,6 +53,23 @@ def try_attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, 
     return None
 
 
+def numbered_versions(rows: list[dict | None], ideas: list[str]) -> list[dict]:
+    """The rows of a lesson's versions, timed in lesson order on the same inputs (None: a version
+    that did not run): each gets its number from 1, the idea it adds and its speed-up over the
+    version before (`speedup_over_previous`, absent after a version that did not run)."""
+    numbered, previous_ms = [], None
+    for number, (row, idea) in enumerate(zip(rows, ideas, strict=True), 1):
+        if row is None:
+            previous_ms = None
+            continue
+        row.update(version=number, adds=idea)
+        if previous_ms is not None:
+            row["speedup_over_previous"] = previous_ms / row["ms"]
+        previous_ms = row["ms"]
+        numbered.append(row)
+    return numbered
+
+
 def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=torch.float32,
                         desc: str = "attention", count=None) -> list[dict]:
     """Rows for every implementation on every config (dict with B, H, S, D, causal; optional Sk).

@@ -68,3 +68,12 @@ def test_the_budgeted_sweep_counts_every_panel_as_one_sweep(monkeypatch, capsys)
     assert len(kernel_bench.sweep_with_budget(panels, {})) == 4
     tags = [line.split(",")[0] for line in capsys.readouterr().out.splitlines()]
     assert tags == ["[attention 1/4", "[attention 2/4", "[attention 3/4", "[attention 4/4"]
+
+
+def test_numbered_versions_count_from_one_and_skip_what_did_not_run():
+    from utils.attention_bench import numbered_versions
+
+    rows = numbered_versions([{"ms": 4.0}, {"ms": 2.0}, None, {"ms": 1.0}], ["a", "b", "c", "d"])
+    assert [(r["version"], r["adds"]) for r in rows] == [(1, "a"), (2, "b"), (4, "d")]
+    assert "speedup_over_previous" not in rows[0] and rows[1]["speedup_over_previous"] == 2.0
+    assert "speedup_over_previous" not in rows[2]  # its predecessor did not run

@@ -67,6 +67,7 @@ PHASE_IDEAS = {
     "phase5_fused/fp32/fused_v4_exp2.cu": ["o[i][c] *= alpha", "o[i][c] * inv"],
     "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
     "phase5_fused/tensor_cores/tc_attention.cu": ["o[mt][dn][2 * r] *= alpha", "__frcp_rn(total)"],
+    "phase5_fused/tensor_cores/tc_versions.cuh": ["expf(st.m[mt][r] - m_ref)", "1.0f / l_row"],
     "phase5_fused/decode/decode_split.cu": ["exp2f(m[n] - base)", "o[n][e] * inv_l"],
     "phase5_fused/decode/decode_merge.cu": ["exp2f(weight[s] - lse)"],
     "phase5_fused/hopper/hopper_kernel.cuh": ["tc::exp2_approx(m[h] - m_use)", "o[4 * j + e] *= alpha[e / 2]",
@@ -77,7 +78,8 @@ PHASE_IDEAS = {
 }
 PORTS = ("phase5_fused/fp32/fused_v2_register_tiles.cu", "phase5_fused/fp32/fused_v3_cp_async.cu",
          "phase5_fused/fp32/fused_v4_exp2.cu", "phase5_fused/fp32/fused_fast.cu",
-         "phase5_fused/tensor_cores/tc_attention.cu", "phase5_fused/decode/decode_split.cu",
+         "phase5_fused/tensor_cores/tc_attention.cu", "phase5_fused/tensor_cores/tc_versions.cuh",
+         "phase5_fused/decode/decode_split.cu",
          "phase5_fused/decode/decode_merge.cu", "phase5_fused/hopper/hopper_kernel.cuh",
          "phase6_layernorm_mlp/linear_tile.cuh",
          "phase6_layernorm_mlp/linear.cu")

@@ -31,7 +31,7 @@ import torch
 
 from phase5_fused import fp32
 from utils import reference
-from utils.attention_bench import attention_row, try_attention_row
+from utils.attention_bench import attention_row, numbered_versions, try_attention_row
 from utils.kernel_bench import lesson_main, results_dir
 from utils.testing import random_qkv
 
@@ -146,15 +146,9 @@ def version_rows(sdpa_efficient, quick) -> list[dict]:
             q, k, v = random_qkv(B, H, S, S, D)
             if sdpa_efficient is not None:
                 rows.append(attention_row("sdpa_efficient", sdpa_efficient, q, k, v, causal, **timing(quick)))
-            previous_ms = None
-            for number, kernel in enumerate(fp32.KERNELS, 1):
-                impl, adds = VERSIONS[kernel]
-                row = attention_row(impl, impls[impl], q, k, v, causal, **timing(quick))
-                row.update(version=number, adds=adds)
-                if previous_ms is not None:
-                    row["speedup_over_previous"] = previous_ms / row["ms"]
-                previous_ms = row["ms"]
-                rows.append(row)
+            timed = [attention_row(VERSIONS[kernel][0], impls[VERSIONS[kernel][0]], q, k, v, causal, **timing(quick))
+                     for kernel in fp32.KERNELS]
+            rows += numbered_versions(timed, [VERSIONS[kernel][1] for kernel in fp32.KERNELS])
             del q, k, v
             torch.cuda.empty_cache()
     return rows

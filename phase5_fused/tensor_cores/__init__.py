@@ -18,6 +18,13 @@ phase5_fused.backward's tensor-core kernel, and the forward writes lse when an i
 that backward takes neither grouped heads nor a window, and only D in backward.TC_SUPPORTED_D, so
 other inputs that require grad are refused.
 
+version= picks one of the lesson's versions (VERSIONS, in order, each one idea further; README
+"Versions"): "v1_mma" (tc_v1_mma.cu), "v2_ldmatrix", "v3_swizzle", "v4_cp_async", and "fast"
+(tc_attention.cu, the default, everything above). Versions other than "fast" take the headline
+problem only: D in VERSION_D (64, 128), is_causal and scale, any Sq and Sk, out=; no mask,
+key_lengths, grouped heads, window or return_lse (ValueError naming the argument), and no gradient:
+an input that requires grad is refused by name (run them under torch.no_grad()).
+
 Importing this module builds nothing; load() builds the extension on first use.
 """
 
@@ -34,7 +41,14 @@ from utils.checks import (check_attention_inputs, check_cuda_tensor, dim_in, gro
                           records_grad)
 
 NAME = "phase5_fused_tc"
-SOURCES = ["tc_attention.cu", "tc_ops.cpp"]
+SOURCES = ["tc_attention.cu", "tc_ops.cpp", "tc_v1_mma.cu", "tc_v2_ldmatrix.cu", "tc_v3_swizzle.cu",
+           "tc_v4_cp_async.cu"]
+# The versions of the lesson, in order (README "Versions"): tc_v1_mma.cu ... tc_v4_cp_async.cu, then
+# the fast kernel tc_attention.cu. The op attention_version takes the index + 1 of the first four.
+VERSIONS = ("v1_mma", "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "fast")
+DEFAULT_VERSION = "fast"
+# The head dims of the versions other than "fast" (tc_versions.h).
+VERSION_D = (64, 128)
 # The head dims the forward takes (tc_attention.h's supported_head_dim): a multiple of 8 (one 16-byte
 # chunk of a row is wholly data or padding) up to 256; tc_attention.cu runs D on the tiles of the
 # next multiple of 32.
@@ -55,6 +69,14 @@ def _register_fakes() -> None:
     def _attention_out_fake(q, k, v, mask, is_causal, scale, key_lengths, out, window=0):
         return None
 
+    @torch.library.register_fake(f"{NAME}::attention_version")
+    def _attention_version_fake(q, k, v, is_causal, scale, version):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake(f"{NAME}::attention_version_out")
+    def _attention_version_out_fake(q, k, v, is_causal, scale, version, out):
+        return None
+
     @torch.library.register_fake(f"{NAME}::attention_lse")
     def _attention_lse_fake(q, k, v, mask, is_causal, scale, key_lengths, window=0):
         B, H, Sq, _ = q.shape
@@ -68,7 +90,8 @@ def _register_fakes() -> None:
 
 
 # tc_attention.cu compiles 128 kernel instances (2 dtypes x 8 tile head dims x padded or not x mask x
-# window): nvcc splits their optimization and assembly over every core.
+# window), the versions 16 more (4 versions x 2 dtypes x D = 64, 128; causal is a runtime flag):
+# nvcc splits their optimization and assembly over every core.
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=["--split-compile=0"])
 
 
@@ -77,9 +100,48 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+def _check_out(out, q, tracing: bool) -> None:
+    """out= of the kernels: a contiguous, 16-byte aligned tensor of q's dtype and shape."""
+    check_cuda_tensor(out, "out", (q.dtype,), dim=4)
+    if out.shape != q.shape or not out.is_contiguous() or (not tracing and out.data_ptr() % 16 != 0):
+        raise ValueError(f"out must be a contiguous, 16-byte aligned tensor of q's shape {tuple(q.shape)}")
+
+
+def _attention_version(q, k, v, mask, is_causal, scale, key_lengths, out, return_lse, window, version):
+    """attention() for a version other than "fast" (VERSIONS): the headline problem only, forward only."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    for name, given in (("mask", mask is not None), ("key_lengths", key_lengths is not None),
+                        ("window", window is not None), ("return_lse", return_lse)):
+        if given:
+            raise ValueError(f"{name} is not supported by version={version!r}: only the fast kernel "
+                             f"(version={DEFAULT_VERSION!r}) takes it")
+    if torch.is_tensor(q) and q.dim() == 4 and not dim_in(q.shape[-1], VERSION_D):
+        raise ValueError(f"head dim D={q.shape[-1]} (q.shape[-1]) is not supported by version={version!r}: use "
+                         f"one of {VERSION_D} (the fast kernel takes every multiple of 8 from 8 to 256)")
+    q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(q, k, v, dtypes=DTYPES, is_causal=is_causal, scale=scale)
+    if torch.is_grad_enabled():
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.requires_grad:
+                raise ValueError(f"{name} requires grad, but version={version!r} is forward only: use "
+                                 f"version={DEFAULT_VERSION!r}, or run under torch.no_grad()")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    tracing = torch.compiler.is_compiling()
+    if not tracing:
+        q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    ops = load()
+    number = VERSIONS.index(version) + 1
+    if out is None:
+        return ops.attention_version(q, k, v, is_causal, float(scale), number)
+    _check_out(out, q, tracing)
+    ops.attention_version_out(q, k, v, is_causal, float(scale), number, out)
+    return out
+
+
 def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None,
               key_lengths=None, out: torch.Tensor | None = None, return_lse: bool = False,
-              window: int | None = None):
+              window: int | None = None, version: str = DEFAULT_VERSION):
     """softmax(scale * q k^T + mask) v on tensor cores.
 
     q [B, H, Sq, D], k and v [B, H_kv, Sk, D] with H % H_kv == 0 (grouped-query attention; H_kv = H
@@ -89,8 +151,11 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     j <= i. scale: defaults to 1 / sqrt(D). key_lengths: [B] int32/int64, keys j >= key_lengths[b]
     are padding. out: optional contiguous output tensor shaped like q (written in place; not
     differentiable). return_lse: also return the row logsumexp [B, H, Sq] (float32). window: None, or
-    an integer >= 1 with is_causal: query i sees keys i - window < j <= i.
+    an integer >= 1 with is_causal: query i sees keys i - window < j <= i. version: one of VERSIONS
+    (module docstring); the default is the fast kernel.
     """
+    if version != DEFAULT_VERSION:
+        return _attention_version(q, k, v, mask, is_causal, scale, key_lengths, out, return_lse, window, version)
     # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
     # itself; where it raises, the checked path below names the argument or copies what it must).
     if out is None and return_lse is False and plain_arguments(is_causal, scale, window) \
@@ -129,8 +194,6 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
         return ops.attention(q, k, v, mask, is_causal, float(scale), key_lengths, w)
     if needs_grad or return_lse:
         raise ValueError("out= writes in place: it cannot record a gradient or return lse; pass out=None")
-    check_cuda_tensor(out, "out", (q.dtype,), dim=4)
-    if out.shape != q.shape or not out.is_contiguous() or (not tracing and out.data_ptr() % 16 != 0):
-        raise ValueError(f"out must be a contiguous, 16-byte aligned tensor of q's shape {tuple(q.shape)}")
+    _check_out(out, q, tracing)
     ops.attention_out(q, k, v, mask, is_causal, float(scale), key_lengths, out, w)
     return out

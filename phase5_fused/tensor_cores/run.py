@@ -13,6 +13,10 @@
    Head sizes (op attention_head_dims): B=4, H=8, S=4096, non-causal, D from 32 to 256 with the
    padded 80 among them, beside sdpa_flash; TFLOP/s count the D columns (4·B·H·S²·D), tile_tflops
    the Dp columns of the tile our kernel runs D on.
+   The lesson's versions (section `versions`; tensor_cores.VERSIONS, README "Versions"): each at
+   B=4, H=8, S=4096, D in {64, 128}, FP16, causal and not, beside sdpa_flash on the same inputs in
+   the same run, each row with its version number, the idea it adds and its speed-up over the
+   version before.
 3. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
    128, with the warp-state and pipe counters (this script's --profile-target); the records are
    named impl_D<D>.
@@ -54,10 +58,22 @@ GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
 WINDOW = {"B": 4, "H": 8, "S": 8192, "D": 128, "windows": (256, 1024, 4096, None)}
 # Head sizes, non-causal (op attention_head_dims): 80 runs on the tiles of 96, padded.
 HEAD_SIZES = {"B": 4, "H": 8, "S": 4096, "D": (32, 64, 80, 96, 128, 160, 192, 256)}
+# The lesson's versions (tensor_cores.VERSIONS, in order): the impl name of their rows and the idea
+# each adds over the version before (README "Versions"); timed at B, H, HEADLINE_S, HEAD_DIMS.
+VERSION_ROWS = {"v1_mma": ("phase5_fused_tc_v1", "mma.sync; fragments by plain loads; synchronous copies"),
+                "v2_ldmatrix": ("phase5_fused_tc_v2", "ldmatrix.x4 (.trans for V)"),
+                "v3_swizzle": ("phase5_fused_tc_v3", "XOR-swizzled tiles"),
+                "v4_cp_async": ("phase5_fused_tc_v4", "cp.async ring of K/V blocks"),
+                "fast": (IMPL, "exp2 with the scale folded in")}
 
 
 def tc_fn(q, k, v, causal):
     return tensor_cores.attention(q, k, v, is_causal=causal)
+
+
+def version_fn(version):
+    """The lesson's version `version` (tensor_cores.VERSIONS) as f(q, k, v, causal)."""
+    return lambda q, k, v, causal: tensor_cores.attention(q, k, v, is_causal=causal, version=version)
 
 
 def fp32_fn(q, k, v, causal):
@@ -197,6 +213,30 @@ def head_dim_rows(quick) -> list[dict]:
     return rows
 
 
+def version_rows(quick) -> list[dict]:
+    """Every version of VERSION_ROWS at S=HEADLINE_S (quick: a quarter), D in HEAD_DIMS, causal and
+    not, beside sdpa_flash on the same inputs: each version's row gets its number, the idea it adds
+    and its speed-up over the version before."""
+    from utils.attention_bench import numbered_versions, try_attention_row
+    from utils.peers import sdpa
+
+    flash = sdpa("sdpa_flash")
+    S = HEADLINE_S // 4 if quick else HEADLINE_S
+    rows = []
+    for D in HEAD_DIMS:
+        for causal in (False, True):
+            q, k, v = make_inputs(S, D, seed=17 + D + causal)
+            peer = try_attention_row("sdpa_flash", lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_), q, k, v,
+                                     causal)
+            rows += [peer] if peer is not None else []
+            timed = [try_attention_row(VERSION_ROWS[version][0], version_fn(version), q, k, v, causal)
+                     for version in tensor_cores.VERSIONS]
+            rows += numbered_versions(timed, [VERSION_ROWS[version][1] for version in tensor_cores.VERSIONS])
+            del q, k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # Nsight Compute
 
@@ -253,8 +293,9 @@ def measure(args) -> Path:
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
     rows += gqa_rows(args.quick) + window_rows(args.quick) + head_dim_rows(args.quick)
+    versions = version_rows(args.quick)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
-    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, versions=versions, ncu=ncu)
 
 
 def main(argv=None) -> int:

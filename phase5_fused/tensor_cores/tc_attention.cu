@@ -181,28 +181,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int r
   }
 }
 
-// Every ldmatrix.x4 of the kernel uses one lane pattern: lane l gives the address of row
-// R + l % 16, chunk C + l / 16 of a swizzled [rows][Dp] tile, so the four 8x8 matrices are
-// (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple of 16) and C (even) are constants
-// once the loops are unrolled. With lane_base = the tile's address of the lane's own (l % 16, l / 16)
-// element and G = the swizzle group (8 or 4 chunks), the swizzled address is
-//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * Dp * 2
-// because tiles and rows are multiples of G * 16 bytes: one XOR with a constant per ldmatrix, and
-// one register per tile instead of one per unrolled ldmatrix.
-template <int Dp>
-__device__ __forceinline__ uint32_t lane_tile_offset(int lane) {
-  const int row = lane & 15;
-  const int chunk = lane >> 4;
-  return static_cast<uint32_t>((row * Dp + tc::swizzle<Dp / 8>(row, chunk) * 8) * 2);
-}
-
-template <int Dp>
-__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
-  constexpr int kGroup = (Dp / 8) % 8 == 0 ? 8 : 4;
-  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
-         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * Dp * 2);
-}
-
 template <typename T, int Dp, bool kPadded, bool kHasMask, bool kWindow>
 __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params p, const int head_dim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -285,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int warp_row0 = warp * kWarpRows;  // first row of this warp inside the tile
   const int warp_q0 = q0 + warp_row0;      // ... and in the sequence
   // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
-  const uint32_t lane_offset = lane_tile_offset<Dp>(lane);
+  const uint32_t lane_offset = tc::lane_tile_offset<Dp>(lane);
   const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * Dp) + lane_offset;
 
   for (int j = j_begin; j < n_blocks; ++j) {
@@ -328,11 +306,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     for (int kk = 0; kk < Dp / 16; ++kk) {
       uint32_t a[kM][4];
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
+      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], tc::ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bk[4];
-        tc::ldmatrix_x4(bk, ldsm_addr<Dp>(k_lane, np * 16, 2 * kk));
+        tc::ldmatrix_x4(bk, tc::ldsm_addr<Dp>(k_lane, np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           tc::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
@@ -436,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 #pragma unroll
       for (int dp = 0; dp < Dp / 16; ++dp) {
         uint32_t bv[4];
-        tc::ldmatrix_x4_trans(bv, ldsm_addr<Dp>(v_lane, kk * 16, 2 * dp));
+        tc::ldmatrix_x4_trans(bv, tc::ldsm_addr<Dp>(v_lane, kk * 16, 2 * dp));
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           tc::mma_16816<T>(o[mt][2 * dp], pa[mt], bv[0], bv[1]);

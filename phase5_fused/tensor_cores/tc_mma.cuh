@@ -3,7 +3,8 @@
 // (its cp.async copies come from utils/csrc/cp_async.cuh):
 //   ldmatrix.x4 (.trans)  four 8x8 b16 matrices from shared memory into mma fragments
 //   mma.sync m16n8k16     D[16x8] += A[16x16] * B[16x8], A/B in FP16 or BF16, C/D in FP32
-// and the XOR swizzle that makes every ldmatrix and every 16-byte shared store bank-conflict free.
+// and the XOR swizzle that makes every ldmatrix and every 16-byte shared store bank-conflict free,
+// with the ldmatrix lane addresses into a swizzled tile.
 // Fragment layouts are drawn in README.md.
 #pragma once
 
@@ -32,6 +33,28 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   } else {
     return chunk ^ ((row >> 1) & 3);
   }
+}
+
+// Every ldmatrix.x4 of the tensor-core kernels uses one lane pattern: lane l gives the address of
+// row R + l % 16, chunk C + l / 16 of a swizzled [rows][Dp] tile, so the four 8x8 matrices are
+// (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple of 16) and C (even) are constants
+// once the loops are unrolled. With lane_base = the tile's address of the lane's own (l % 16, l / 16)
+// element and G = the swizzle group (8 or 4 chunks), the swizzled address is
+//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * Dp * 2
+// because tiles and rows are multiples of G * 16 bytes: one XOR with a constant per ldmatrix, and
+// one register per tile instead of one per unrolled ldmatrix.
+template <int Dp>
+__device__ __forceinline__ uint32_t lane_tile_offset(int lane) {
+  const int row = lane & 15;
+  const int chunk = lane >> 4;
+  return static_cast<uint32_t>((row * Dp + swizzle<Dp / 8>(row, chunk) * 8) * 2);
+}
+
+template <int Dp>
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
+  constexpr int kGroup = (Dp / 8) % 8 == 0 ? 8 : 4;
+  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
+         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * Dp * 2);
 }
 
 // ------------------------------------------------------------------------------------------------

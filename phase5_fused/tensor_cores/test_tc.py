@@ -2,7 +2,8 @@
 reference, within the dtype's tolerance (5e-3 FP16, 1e-2 BF16, relative norm) and no worse than
 twice torch SDPA's error in the same dtype on the same inputs. Outputs are poisoned (NaN) first.
 Head dims: HEAD_DIMS or MAIN_HEAD_DIMS in the grids (padded D < Dp and unpadded D = Dp among them),
-EVERY_INSTANCE once for each compiled instance. GPU tests skip without a GPU; the CPU-tensor and
+EVERY_INSTANCE once for each compiled instance. The lesson's versions (tc.VERSIONS other than the
+fast kernel) on their own grid, at the end. GPU tests skip without a GPU; the CPU-tensor and
 unsupported-D errors are checked everywhere.
 """
 
@@ -66,9 +67,11 @@ def sdpa_error(q, k, v, ref, mask=None, is_causal=False, scale=None, key_lengths
     return rel_error(out.nan_to_num(0.0), ref)
 
 
-def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=None, window=None) -> float:
-    """Run the kernel on poisoned output, compare with the reference and with SDPA's error."""
-    out = run_tc(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths, window=window)
+def check(q, k, v, info, mask=None, is_causal=False, scale=None, key_lengths=None, window=None,
+          version=tc.DEFAULT_VERSION) -> float:
+    """Run the kernel (one of tc.VERSIONS) on poisoned output, compare with the reference and with SDPA's error."""
+    out = run_tc(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths, window=window,
+                 version=version)
     ref = reference.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_lengths=key_lengths,
                               window=window)
     err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
@@ -273,7 +276,7 @@ def test_repeated_calls_agree():
 
 @requires_gpu
 def test_fake_tensor_shapes():
-    """The registered fake implementation (for torch.compile) gives q's shape and dtype."""
+    """The registered fake implementations (for torch.compile) give q's shape and dtype."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     ops = tc.load()
@@ -281,7 +284,8 @@ def test_fake_tensor_shapes():
         q = torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
         out = ops.attention(q, k, k, None, True, 0.125, None)
-    assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
+        out_version = ops.attention_version(q, k, k, True, 0.125, 4)  # the lesson's versions' op
+    assert out.shape == out_version.shape == (2, 3, 17, 64) and out.dtype == out_version.dtype == torch.bfloat16
 
 
 # ------------------------------------------------------------------------------------------------
@@ -555,3 +559,120 @@ def test_lse_fake_tensor_shapes():
         k = torch.empty(2, 3, 40, 64, dtype=torch.float16, device="cuda")
         out, lse = ops.attention_lse(q, k, k, None, True, 0.125, None)
     assert out.shape == q.shape and lse.shape == (2, 3, 17) and lse.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# The lesson's versions (tc.VERSIONS, README "Versions"): the headline problem only, every compiled
+# instance (version x dtype x D) causal and not, at sizes that are no multiple of a tile, S = 1,
+# Sq < Sk and Sq > Sk.
+
+LESSON_VERSIONS = tuple(name for name in tc.VERSIONS if name != tc.DEFAULT_VERSION)
+VERSION_SHAPES = [(2, 3, 1, 1), (2, 3, 77, 200), (2, 3, 300, 129), (2, 3, 256, 256)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("B,H,Sq,Sk", VERSION_SHAPES, ids=[f"Sq{s[2]}_Sk{s[3]}" for s in VERSION_SHAPES])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", tc.VERSION_D)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("version", LESSON_VERSIONS)
+def test_version(version, dtype, D, causal, B, H, Sq, Sk):
+    q, k, v, info = make_qkv(B, H, Sq, Sk, D, dtype)
+    check(q, k, v, info, is_causal=causal, version=version)
+
+
+@requires_gpu
+@pytest.mark.parametrize("version", LESSON_VERSIONS)
+def test_version_scale_and_magnitude(version):
+    """An explicit (negative) scale, and FP16 inputs of magnitude 100: finite, within tolerance."""
+    q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
+    check(q, k, v, info, scale=-0.3, version=version)
+    q, k, v, info = make_qkv(2, 2, 300, 300, 128, torch.float16, scale=100.0)
+    out = run_tc(q, k, v, is_causal=True, version=version)
+    assert torch.isfinite(out).all(), f"inf/NaN for inputs of magnitude 100 {info}"
+    assert_close(out, reference.attention(q, k, v, is_causal=True), dtype=q.dtype, rel_tol=TOL[q.dtype],
+                 seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", tc.VERSION_D)
+@pytest.mark.parametrize("version", LESSON_VERSIONS)
+def test_version_reads_and_writes_only_its_rows(version, D):
+    """NaN right after the last row of q, k and v cannot reach the output (no read past them), and the
+    NaN after the output's last row stays (rows past Sq are never stored)."""
+    q, k, v, info = make_qkv(1, 1, 37, 45, D, torch.float16)
+    (q_in, _), (k_in, _), (v_in, _) = (inside_nan_tail(t) for t in (q, k, v))
+    out, out_tail = inside_nan_tail(poisoned_like(q))
+    tc.attention(q_in, k_in, v_in, is_causal=True, out=out, version=version)
+    assert_close(out, reference.attention(q, k, v, is_causal=True), dtype=q.dtype, rel_tol=TOL[q.dtype],
+                 seed_info=info)
+    assert torch.isnan(out_tail).all(), f"the kernel wrote past the output's last row {info}"
+
+
+@requires_gpu
+def test_versions_refuse_grad_by_name():
+    q, k, v, info = make_qkv(1, 2, 16, 24, 64, torch.float16)
+    for name in ("q", "k", "v"):
+        inputs = {"q": q, "k": k, "v": v}
+        inputs[name] = inputs[name].clone().requires_grad_()
+        with pytest.raises(ValueError, match=rf"{name} requires grad, but version='v2_ldmatrix' is forward only"):
+            tc.attention(**inputs, version="v2_ldmatrix")
+    with torch.no_grad():
+        check(q.requires_grad_(), k, v, info, version="v2_ldmatrix")
+
+
+@requires_gpu
+def test_version_op_checks_name_the_argument():
+    """The C++ op validates again (for callers that bypass the Python API)."""
+    ops = tc.load()
+    q, k, v, _ = make_qkv(1, 2, 16, 24, 64, torch.float16)
+    for number in (0, len(LESSON_VERSIONS) + 1):
+        with pytest.raises(RuntimeError, match="version must be 1 to 4"):
+            ops.attention_version(q, k, v, False, 0.125, number)
+    x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"head dim D=96 \(q.size\(3\)\) is not supported by version 3"):
+        ops.attention_version(x, x, x, False, 0.125, 3)
+    with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
+        ops.attention_version(q, k[:, :1], v[:, :1], False, 0.125, 1)
+    with pytest.raises(RuntimeError, match="out must have q's shape"):
+        ops.attention_version_out(q, k, v, False, 0.125, 1, torch.empty_like(k))
+
+
+def test_version_names_rejected_without_gpu():
+    q = torch.randn(1, 1, 8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"version must be one of \('v1_mma', .*'fast'\), got 'v9'"):
+        tc.attention(q, q, q, version="v9")
+
+
+@pytest.mark.parametrize("version", LESSON_VERSIONS)
+def test_version_unsupported_arguments_rejected_without_gpu(version):
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    for D in (32, 80, 96, 256):
+        x = torch.randn(1, 1, 8, D, dtype=torch.float16)
+        with pytest.raises(ValueError, match=rf"head dim D={D} \(q.shape\[-1\]\) is not supported by "
+                                             rf"version='{version}': use one of \(64, 128\)"):
+            tc.attention(x, x, x, version=version)
+    unsupported = {"mask": {"mask": torch.ones(8, 8, dtype=torch.bool)},
+                   "key_lengths": {"key_lengths": torch.tensor([8])},
+                   "window": {"is_causal": True, "window": 4}, "return_lse": {"return_lse": True}}
+    for name, kwargs in unsupported.items():
+        with pytest.raises(ValueError, match=rf"{name} is not supported by version='{version}': only the fast kernel"):
+            tc.attention(q, q, q, version=version, **kwargs)
+    with pytest.raises(ValueError, match=r"k must be \[B=1, H=2, Sk, D=64\]"):  # no grouped heads
+        tc.attention(q, q[:, :1], q[:, :1], version=version)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        tc.attention(q, q, q, version=version)
+
+
+def test_versions_are_the_sources_and_launchers():
+    """tc.VERSIONS names, in order, the sources tc_<name>.cu of versions 1-4 (all in SOURCES) and the
+    launchers of tc_versions.h, then the fast kernel; the default is the fast kernel."""
+    import inspect
+
+    here = Path(tc.__file__).parent
+    header = (here / "tc_versions.h").read_text()
+    launchers = re.search(r"kVersionLaunchers\[\] = \{([^}]*)\}", header).group(1)
+    assert [name.strip() for name in launchers.split(",")] == [f"launch_tc_{v}" for v in LESSON_VERSIONS]
+    assert all(f"tc_{v}.cu" in tc.SOURCES and (here / f"tc_{v}.cu").exists() for v in LESSON_VERSIONS)
+    assert tc.VERSIONS[-1] == tc.DEFAULT_VERSION == "fast"
+    assert inspect.signature(tc.attention).parameters["version"].default == "fast"
