@@ -7,8 +7,7 @@ and the unpadded D = Dp (256 the largest): every instance. Sizes: Sq = 17 and Sk
 multiple of any tile, Sq != Sk), one batch with a key length inside a block and one with none,
 causal, and the mask path with a fully masked row. Then the window instances (with and without a
 mask) once each per D, grouped-query (H = 4 over H_kv = 2) at Sq = 300, Sk = 270, so that query
-blocks start past their first key blocks. Last, every instance of the lesson's versions (tc.VERSIONS
-other than "fast": version x dtype x D = 64, 128), causal and not, at Sq = 77, Sk = 130.
+blocks start past their first key blocks. The lesson's numbered versions: sanitize_versions.py.
 """
 
 from __future__ import annotations
