@@ -309,6 +309,46 @@ _RUN = {"reference": _reference, "naive": _unfused(phase2_naive), "tiled": _unfu
         "fused_hopper": _fused_hopper}
 
 
+def _fused_tc_op_first(q, k, v, mask, is_causal, scale, stride, window):
+    """tensor_cores.run_op_first where the mode takes the arguments: fused_tc has no stride."""
+    return None if stride is not None else tensor_cores.run_op_first(q, k, v, mask, is_causal, scale, window)
+
+
+# Modes whose phase op, tried first on a call that records no gradient, takes exactly the inputs the
+# mode's rules (MODE_INFO) take: the op checks device, dtype, D, shapes, mask and window itself.
+# cuda_attention_forward calls it before resolving the mode, and resolves only where it did not run.
+_OP_FIRST = {"fused": fp32.run_op_first, "fused_tc": _fused_tc_op_first}
+
+
+def _auto_by_dtype() -> dict:
+    """dtype -> (mode, head dims): auto's pick where the dtype and D alone decide it, i.e. where the
+    first mode of AUTO_ORDER that takes the dtype has an op to try first (float32: fused; for
+    float16 the first is fused_hopper, whose pick also depends on the GPU and the mask)."""
+    picks = {}
+    for dtype in {d for info in MODE_INFO.values() if info.cuda and info.dtypes for d in info.dtypes}:
+        first = next(m for m in AUTO_ORDER if MODE_INFO[m].dtypes is None or dtype in MODE_INFO[m].dtypes)
+        if first in _OP_FIRST:
+            picks[dtype] = (first, frozenset(MODE_INFO[first].head_dims))
+    return picks
+
+
+_AUTO_BY_DTYPE = _auto_by_dtype()
+
+
+def _run_op_first(mode, q, k, v, mask, is_causal, scale, stride, window):
+    """The phase op of `mode` (for "auto", of its pick where q's dtype and D decide it), tried
+    first; None where it did not run (then the mode is resolved and the phase API checks)."""
+    try:
+        if mode == "auto":
+            mode, head_dims = _AUTO_BY_DTYPE[q.dtype]
+            if q.shape[-1] not in head_dims:
+                return None
+        run = _OP_FIRST[mode]
+    except (AttributeError, IndexError, KeyError, TypeError):  # not a tensor, no such mode: resolve
+        return None
+    return run(q, k, v, mask, is_causal, scale, stride, window)
+
+
 def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bool = False,
                            scale: float | None = None, stride: int | None = None,
                            window: int | None = None) -> torch.Tensor:
@@ -318,12 +358,18 @@ def cuda_attention_forward(q, k, v, mode: str = "auto", mask=None, is_causal: bo
 
     Raises UnsupportedModeError (a ValueError) for an unknown mode or one that cannot take the
     inputs, listing the modes that would; TypeError / ValueError naming the argument for bad input.
-    The mode is chosen from q's metadata (remembered per signature, resolve_mode); the inputs are
-    then checked once, by the code that runs them (the phase's API, or check_attention_shapes before
-    the reference)."""
+    A call that records no gradient, in a mode whose op enforces the mode's rules itself (fused,
+    fused_tc, and auto for float32), goes to that op first (the phases' run_op_first); otherwise,
+    or where the op raised, the mode is chosen from q's metadata (remembered per signature,
+    resolve_mode) and the inputs are checked once, by the code that runs them (the phase's API, or
+    check_attention_shapes before the reference)."""
+    stride = None if stride == 1 else stride
+    out = _run_op_first(mode, q, k, v, mask, is_causal, scale, stride, window)
+    if out is not None:
+        return out
     check_window(window, is_causal)  # before the mode: a bad window is the caller's error, not a mode's
-    run = _RUN[_resolve_cached(mode, q, k, v, mask, stride, window)]
-    return run(q, k, v, mask, is_causal, scale, None if stride == 1 else stride, window)
+    return _RUN[_resolve_cached(mode, q, k, v, mask, stride, window)](q, k, v, mask, is_causal, scale, stride,
+                                                                     window)
 
 
 # ------------------------------------------------------------------------------------------------

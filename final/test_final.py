@@ -265,6 +265,61 @@ def test_a_valid_call_runs_the_op_first_and_the_checks_only_where_it_raises(monk
     assert len(calls) == 1
 
 
+@pytest.mark.usefixtures("sm80")
+@pytest.mark.parametrize("mode", ["fused", "auto"])
+def test_float32_calls_go_to_the_op_before_the_mode_is_resolved(monkeypatch, mode):
+    """An FP32 call that records no gradient, through mode "fused" or "auto" (whose pick for float32
+    is fused wherever fused takes D), reaches the fused op without resolving the mode; where the op
+    refuses, where D is not fused's or where a gradient is needed, the mode is resolved as before
+    (the phase op is a stub here)."""
+    from types import SimpleNamespace
+
+    from utils.build import LOADED_OPS
+
+    resolved, op_calls = [], []
+    real = A._resolve_cached
+
+    def counting(*args, **kwargs):
+        resolved.append(1)
+        return real(*args, **kwargs)
+
+    def op(q, *args):
+        op_calls.append(1)
+        if refuse:
+            raise RuntimeError("the op's own check refused this call")
+        return torch.empty_like(q), q.new_empty(0)
+
+    monkeypatch.setattr(A, "_resolve_cached", counting)
+    stub = SimpleNamespace(attention_fast_inference=op, attention_fast=op)
+    monkeypatch.setitem(LOADED_OPS, "phase5_fused", stub)
+    with warnings.catch_warnings(), FakeTensorMode():
+        warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
+        q = torch.empty(1, 2, 16, 64, device="cuda")
+        refuse = False
+        assert cuda_attention_forward(q, q, q, mode=mode).shape == q.shape
+        assert (len(resolved), len(op_calls)) == (0, 1)  # straight to the op
+        refuse = True
+        op_calls.clear()
+        with pytest.raises(RuntimeError, match="refused"):  # the op refuses again after the checks
+            cuda_attention_forward(q, q, q, mode=mode)
+        assert len(resolved) == 1 and len(op_calls) >= 2  # op first, then resolved and the phase API
+        resolved.clear(), op_calls.clear()
+        odd_d = torch.empty(1, 2, 16, 20, device="cuda")  # not fused's D: auto picks an unfused phase
+        if mode == "auto":
+            assert A.resolve_mode("auto", odd_d) == "coalesced"
+            resolved.clear()
+            monkeypatch.setattr(A, "_RUN", {**A._RUN, "coalesced": lambda q, *args: torch.empty_like(q)})
+            cuda_attention_forward(odd_d, odd_d, odd_d, mode=mode)
+            assert (len(resolved), len(op_calls)) == (1, 0)  # the fused op is not even tried
+        resolved.clear(), op_calls.clear()
+        refuse = False
+        q_grad = torch.empty(1, 2, 16, 64, device="cuda", requires_grad=True)
+        try:
+            cuda_attention_forward(q_grad, q_grad, q_grad, mode=mode)
+        except Exception:  # noqa: BLE001 (the autograd formula may not run on fake tensors; not the point)
+            pass
+        assert len(resolved) == 1  # a gradient to record: resolved, and the differentiable op runs
+
 def test_capability_table_reads_the_phases():
     """final.attention's table takes each mode's limits from the package that defines them, so it is
     decidable without building a kernel and cannot drift from the phases (importing builds nothing)."""

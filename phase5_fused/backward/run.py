@@ -1,4 +1,4 @@
-"""`python -m phase5_fused.backward.run [--quick]`: time the attention backward, then render.
+"""`python -m phase5_fused.backward.run [--quick] [--no-ncu]`: time the attention backward, then render.
 
 1. The backward alone at B=4, H=8, S in {1024, 4096}, D in {64, 128}, causal and not: each
    implementation runs its forward once, untimed, and the timed call is
@@ -16,7 +16,10 @@
    phase5_fused_bwd_tc_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
-4. results/metrics.json, then the tables manifest.json declares (utils.render).
+4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
+   PROFILE_CALLS at S=4096, non-causal (ours and the peer of its dtype): instruction counts, memory
+   traffic, occupancy, why warps wait (utils.ncu); records under "ncu" in the results.
+5. results/metrics.json, then the tables manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: S=1024 only,
 written to results/quick/metrics.json, not rendered. About 2 minutes on an H100.
 """
@@ -38,6 +41,11 @@ SEQ_LENS = (1024, 4096)
 QUICK_SEQ_LENS = (1024,)
 REFERENCE_S = 1024  # rel_err only here
 VARIANT_S = 4096  # the tensor-core variants are compared here
+# ncu profiles the backward's main kernel of each (impl, D) at S=NCU_S, non-causal, in this order.
+NCU_S = 4096
+PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("sdpa_flash", 64),
+                 ("sdpa_flash", 128), ("phase5_fused_bwd", 64), ("sdpa_efficient", 64)]
+NCU_REGEX = "tc_backward_kernel|flash_bwd_dq_dk_dv|fp32_backward_kernel|fmha_cutlassB"
 BACKWARD_FLOP_FACTOR = 2.5
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
 IMPLS = [("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
@@ -129,14 +137,39 @@ def benchmark(seq_lens) -> list[dict]:
     return sweep(configs, run_config, "attention backward")
 
 
+# ------------------------------------------------------------------------------------------------
+# Nsight Compute
+
+
 def profile_target(names: str) -> None:
-    """One backward of each of ours at S=4096, D=64, non-causal (what ncu would measure)."""
-    for impl, dtype, fwd in IMPLS:
-        if impl.startswith("phase5_fused") and (names == "all" or impl in names.split(",")):
-            leaves, dout = make_inputs(4096, 64, dtype, seed=64)
-            out = forward_fn(fwd)(*leaves, False)
+    """One backward of each (impl, D) of PROFILE_CALLS at NCU_S, non-causal (names "all" or a
+    comma-separated list of impls): what ncu measures. The forward runs first, outside ncu's regex."""
+    forwards = {impl: fwd for impl, _, fwd in IMPLS}
+    dtypes = {impl: dtype for impl, dtype, _ in IMPLS}
+    for impl, D in PROFILE_CALLS:
+        if names == "all" or impl in names.split(","):
+            leaves, dout = make_inputs(NCU_S, D, dtypes[impl], seed=D)
+            out = forward_fn(forwards[impl])(*leaves, False)
             torch.autograd.grad(out, leaves, dout)
             torch.cuda.synchronize()
+
+
+def run_ncu() -> dict:
+    """ncu records of the backward's main kernel named impl_D<D> ({"phase5_fused_bwd_tc_D64": {...},
+    ...}), or why ncu did not run."""
+    from utils.ncu import NcuUnavailable, profile_python
+
+    try:
+        records = profile_python(["phase5_fused.backward.run", "--profile-target", "all"], NCU_REGEX,
+                                 launch_count=len(PROFILE_CALLS), timeout=480, stalls=True)
+    except NcuUnavailable as exc:
+        print(f"ncu unavailable: {exc}", flush=True)
+        return {"ncu_unavailable": str(exc)}
+    labelled = {}
+    for (impl, D), record in zip(PROFILE_CALLS, records):  # records come back in launch order
+        labelled[f"{impl}_D{D}"] = record
+    print(f"ncu: {len(records)} kernels profiled ({', '.join(labelled)})", flush=True)
+    return {"shape": {"B": B, "H": H, "S": NCU_S, "causal": False}, "kernels": labelled}
 
 
 def measure(args) -> Path:
@@ -145,7 +178,8 @@ def measure(args) -> Path:
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
     rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS)
-    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings)
+    ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
+    return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 
 
 def main(argv=None) -> int:

@@ -10,6 +10,8 @@
    and timed on K and V copied per query head instead (rows marked kv_expanded).
    At B = 1, each kernel of one step of phase5_decode, sdpa_flash and sdpa_cudnn timed by
    torch.profiler (the mean over PROFILED_CALLS calls back to back; rows with op "kernel").
+   At the points SPLIT_POINTS, phase5_decode at each split count of SPLIT_COUNTS (rows with op
+   "splits"; `chosen` marks the heuristic's count).
 2. One prefill beside it, for the Roofline: sdpa_flash on B = 1, S = 4096, the same heads, causal.
 3. results/metrics.json, then the tables that manifest.json declares (utils.render).
 
@@ -46,6 +48,10 @@ PREFILL_S = 4096
 SDPA = ("sdpa_flash", "sdpa_cudnn")
 PROFILED_BATCHES = (1,)  # where a step's time is also taken kernel by kernel (kernel_rows)
 PROFILED_CALLS = 20
+# The split-count sweep: phase5_decode at each count of SPLIT_COUNTS (those that leave a split at
+# least MIN_KEYS_PER_SPLIT keys) at these points (S, B), beside the count the heuristic chooses.
+SPLIT_POINTS = ((4096, 1), (4096, 16), (4096, 64), (32768, 1), (32768, 16), (131072, 1), (131072, 16))
+SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,6 +190,8 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         if B in PROFILED_BATCHES:
             for impl, impl_fn in profiled:
                 rows += kernel_rows(impl, impl_fn, (q, k, v, lengths), B, S)
+        if (S, B) in SPLIT_POINTS:
+            rows += split_rows((q, k, v, lengths), B, S, splits)
         k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
         del k, v
         torch.cuda.empty_cache()
@@ -195,6 +203,14 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         return rows
 
     return sweep(configs, run_config, "decode"), skipped
+
+
+def split_rows(args, B, S, chosen: int) -> list[dict]:
+    """phase5_decode at every split count of SPLIT_COUNTS a split of MIN_KEYS_PER_SPLIT keys allows
+    (op "splits"): the measurement the split heuristic is judged by (`chosen`: its count here)."""
+    counts = [n for n in SPLIT_COUNTS if n <= max(1, S // decode.MIN_KEYS_PER_SPLIT)]
+    return [decode_row("phase5_decode", lambda *a, n=n: decode.attention(*a, num_splits=n), args, B, S,
+                       op="splits", num_splits=n, chosen=n == chosen) for n in counts]
 
 
 def prefill_row() -> dict:

@@ -72,24 +72,35 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, window=None, key_lengths=None,
+                 return_lse=False):
+    """The common call, tried before any Python check: the fast kernel's op without an autograd
+    formula, on the arguments as given (utils.checks: the op checks every tensor itself). Returns
+    attention()'s result, or None where it did not run (a gradient to record, arguments the op must
+    not see unchecked, tracing, or an error from the op): the checked path then names the argument
+    or copies what the op could not take as it was. final.attention calls it too."""
+    if not plain_arguments(is_causal, scale, window, stride) or torch.compiler.is_compiling():
+        return None
+    try:
+        if q.is_cuda and not records_grad(q, k, v):
+            out, lse = load().attention_fast_inference(
+                q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse),
+                0, 0 if window is None else window)
+            return (out, lse) if return_lse else out
+    except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
+        pass
+    return None
+
+
 def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
               return_lse=False, kernel="fast", variant=0, window=None):
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
     configuration for this D (0 = default; run.py compares them). k, v may have H_kv heads and
     `window` (with is_causal) limits each query to its last `window` keys: fast kernel only."""
-    # The common call first: the fast kernel's op without an autograd formula, on the arguments as
-    # given (utils.checks: the op checks every tensor itself; where it raises, the checked path below
-    # names the argument or copies what the op could not take as it was).
-    if kernel == "fast" and variant == 0 and plain_arguments(is_causal, scale, window, stride) \
-            and not torch.compiler.is_compiling():
-        try:
-            if q.is_cuda and not records_grad(q, k, v):
-                out, lse = load().attention_fast_inference(
-                    q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse),
-                    0, 0 if window is None else window)
-                return (out, lse) if return_lse else out
-        except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
-            pass
+    if kernel == "fast" and variant == 0:
+        result = run_op_first(q, k, v, mask, is_causal, scale, stride, window, key_lengths, return_lse)
+        if result is not None:
+            return result
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel != "fast" and variant != 0:

@@ -139,6 +139,23 @@ def _attention_version(q, k, v, mask, is_causal, scale, key_lengths, out, return
     return out
 
 
+def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, window=None, key_lengths=None):
+    """The common call, tried before any Python check: the fast kernel's op on the arguments as given
+    (utils.checks: the op checks every tensor itself). Returns attention()'s output, or None where
+    it did not run (a gradient to record, arguments the op must not see unchecked, tracing, or an
+    error from the op): the checked path then names the argument or copies what it must.
+    final.attention calls it too."""
+    if not plain_arguments(is_causal, scale, window) or torch.compiler.is_compiling():
+        return None
+    try:
+        if q.is_cuda and not records_grad(q, k, v):
+            return load().attention(q, k, v, mask, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None
+                                    else scale, key_lengths, 0 if window is None else window)
+    except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
+        pass
+    return None
+
+
 def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None,
               key_lengths=None, out: torch.Tensor | None = None, return_lse: bool = False,
               window: int | None = None, version: str = DEFAULT_VERSION):
@@ -156,16 +173,10 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
     """
     if version != DEFAULT_VERSION:
         return _attention_version(q, k, v, mask, is_causal, scale, key_lengths, out, return_lse, window, version)
-    # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
-    # itself; where it raises, the checked path below names the argument or copies what it must).
-    if out is None and return_lse is False and plain_arguments(is_causal, scale, window) \
-            and not torch.compiler.is_compiling():
-        try:
-            if q.is_cuda and not records_grad(q, k, v):
-                return load().attention(q, k, v, mask, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None
-                                        else scale, key_lengths, 0 if window is None else window)
-        except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
-            pass
+    if out is None and return_lse is False:
+        result = run_op_first(q, k, v, mask, is_causal, scale, window, key_lengths)
+        if result is not None:
+            return result
     if torch.is_tensor(q) and q.dim() == 4 and not dim_in(q.shape[-1], SUPPORTED_D):
         raise ValueError(f"head dim D={q.shape[-1]} (q.shape[-1]) is not supported: use a multiple of 8 from "
                          f"{SUPPORTED_D[0]} to {SUPPORTED_D[-1]}")
