@@ -50,8 +50,9 @@ TENSOR_CORE_D = (64, 128)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 # The most query rows (query heads of one KV head x new tokens) one block holds (decode.h kMaxRows).
 MAX_ROWS_PER_BLOCK = 16
-# Split heuristic: enough blocks for WAVES blocks per SM, each split at least MIN_KEYS_PER_SPLIT keys.
-WAVES = 2
+# Split heuristic (choose_num_splits): the fewest splits whose blocks fill the SMs' waves to at
+# least WAVE_FILL on average, each split at least MIN_KEYS_PER_SPLIT keys.
+WAVE_FILL = 0.95
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 1024  # decode.h kMaxSplits
 
@@ -86,18 +87,29 @@ def rows_per_block(rows: int) -> int:
     return math.ceil(rows / chunks)
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_num_splits(blocks_per_split: int, capacity: int, sms: int) -> int:
     """How many ranges to cut each sequence's keys into.
 
     blocks_per_split: the blocks one split launches (B * H_kv * row chunks); capacity: the keys a
     sequence can hold (the lengths themselves are on the GPU); sms: the GPU's SM count.
-    Enough splits that the grid holds WAVES blocks per SM, but no split shorter than
-    MIN_KEYS_PER_SPLIT keys of the capacity (below that the merge and the per-block set-up cost
-    more than the split saves). One split when the batch alone fills the GPU.
+    With s splits the grid has n = blocks_per_split * s blocks of equal work, and the busiest SM
+    runs ceil(n / sms) of them: the step lasts as long as that SM, so the waves' average fill,
+    n / (ceil(n / sms) * sms), is the share of the GPU the step uses. The answer is the fewest
+    splits whose fill reaches WAVE_FILL (each split adds partials to merge: the README's splits
+    table measured one wave of blocks as fast as several), none shorter than MIN_KEYS_PER_SPLIT
+    keys of the capacity; where no count reaches it, the count of the best fill.
     """
-    wanted = math.ceil(WAVES * sms / blocks_per_split)
-    by_keys = max(1, capacity // MIN_KEYS_PER_SPLIT)
-    return max(1, min(wanted, by_keys, MAX_SPLITS))
+    most = max(1, min(capacity // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    best, best_fill = 1, 0.0
+    for splits in range(1, most + 1):
+        blocks = blocks_per_split * splits
+        fill = blocks / (math.ceil(blocks / sms) * sms)
+        if fill >= WAVE_FILL:
+            return splits
+        if fill > best_fill:
+            best, best_fill = splits, fill
+    return best
 
 
 # ------------------------------------------------------------------------------------------------

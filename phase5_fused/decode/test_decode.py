@@ -372,11 +372,15 @@ def test_kernel_choice():
 
 
 def test_split_heuristic():
-    """Enough blocks for WAVES per SM, never splits shorter than MIN_KEYS_PER_SPLIT of the capacity."""
+    """The fewest splits whose blocks fill the waves to WAVE_FILL, never splits shorter than
+    MIN_KEYS_PER_SPLIT of the capacity (the counts the splits table measured fastest on 132 SMs)."""
     sms = 132
-    assert decode.choose_num_splits(64 * 8, 4096, sms) == 1              # the batch fills the GPU
-    assert decode.choose_num_splits(8, 131072, sms) == math.ceil(decode.WAVES * sms / 8)
-    assert decode.choose_num_splits(8, 4096, sms) == 4096 // decode.MIN_KEYS_PER_SPLIT
+    assert decode.choose_num_splits(16 * 8, 32768, sms) == 1             # 128 blocks: one wave already
+    assert decode.choose_num_splits(64 * 8, 4096, sms) == 1              # 512 blocks: 4 waves, 97% full
+    assert decode.choose_num_splits(8, 131072, sms) == 16                # 128 blocks, not 136 (17)
+    assert decode.choose_num_splits(8, 4096, sms) == 16
+    assert decode.choose_num_splits(8, 2048, sms) == 8                   # capped by the keys: 8 x 256
+    assert decode.choose_num_splits(3 * 8, 131072, sms) == 11            # 264 blocks, two full waves
     assert decode.choose_num_splits(8, 17, sms) == 1                     # too few keys to split
     for blocks in (1, 7, 100, 300):
         for capacity in (1, 300, 5000, 10**6):
