@@ -27,6 +27,7 @@
 #include <math_constants.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../tensor_cores/tc_mma.cuh"
 #include "bwd.h"
@@ -57,29 +58,52 @@ struct BwdTile {
 
 // Rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with cp.async;
 // rows at or beyond row_limit are zero-filled, never read.
+// The chunk loop has a compile-time trip count, so it unrolls into straight-line copies.
 template <typename T, int D, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit) {
-  constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = row0 + r < row_limit;
-    course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8),
-                        valid ? src + (row0 + r) * D + c * 8 : src, valid);
+  constexpr int kChunks = D / 8, kTotal = kRows * kChunks;
+  const T* rows = src + row0 * D;
+  const int64_t rows_left = row_limit - row0;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const bool valid = r < rows_left;
+      course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8),
+                          valid ? rows + r * D + c * 8 : src, valid);
+    }
   }
 }
 
-// Every ldmatrix.x4 here uses one lane pattern (as in ../tensor_cores/tc_attention.cu): lane l gives
-// the address of row R + l % 16, chunk C + l / 16 of a swizzled tile of kWidth elements per row, so
-// matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1), (R+8.., C+1). R is a multiple of
-// 16 and C even, constants once the loops are unrolled; with lane_base = the tile's address of the
-// lane's own (l % 16, l / 16) element and G = the swizzle group (8 or 4 chunks), the address is
+// Every ldmatrix.x4 here has lane l give the address of row R + row(l), chunk C + chunk(l) of a
+// swizzled tile of kWidth elements per row, in one of two lane patterns:
+//   by rows    (l % 16, l / 16): matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1),
+//              (R+8.., C+1): the A operand of a tile whose rows are its rows (K_w, V_w), and the
+//              B operand of a tile whose rows run along k, read .trans (dO_i, Q_i for dV, dK; K_j);
+//   by chunks  (l % 8 + 8 (l / 16), (l / 8) % 2): matrices 0-3 are (R.., C), (R.., C+1), (R+8.., C),
+//              (R+8.., C+1): b0, b1 of two n8 tiles whose k runs along the chunks (Q_i, dO_i for
+//              S^T, dP^T), and the A operand of a tile stored transposed, read .trans (dS^T for dQ).
+// Either way every operand lands in the registers the mma takes as they stand (no moves). R is a
+// multiple of 16 and C even, constants once the loops are unrolled; with lane_base = the tile's
+// address of the lane's own (row(l), chunk(l)) element and G = the swizzle group (8 or 4 chunks),
+// the address is
 //   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * kWidth * 2
-// (rows are a multiple of G * 16 bytes): one register per tile, not one per unrolled ldmatrix.
+// (rows are a multiple of G * 16 bytes, tiles 128-byte aligned): one register per tile and pattern,
+// not one per unrolled ldmatrix.
 template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset(int lane) {
-  const int row = lane & 15;
-  const int chunk = lane >> 4;
+__device__ __forceinline__ uint32_t lane_offset(int row, int chunk) {
   return static_cast<uint32_t>((row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8) * 2);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset_by_rows(int lane) {
+  return lane_offset<kWidth>(lane & 15, lane >> 4);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset_by_chunks(int lane) {
+  return lane_offset<kWidth>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
 }
 
 template <int kWidth>
@@ -118,9 +142,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
   const int warp = tid / course::kWarpSize;
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (tc_mma.cuh)
-  const int64_t BH = p.B * p.H;
-  const int64_t bh = blockIdx.x % BH;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x / BH) * kBc;  // first key of the block
+  // Block x: key block x % n_kblocks of head x / n_kblocks. The key blocks of one head run side by
+  // side, so the Q, dO and dQ rows they all read and add to stay in L2 (FlashAttention-2's order).
+  const int64_t n_kblocks = course::ceil_div<int64_t>(p.Sk, kBc);
+  const int64_t bh = blockIdx.x / n_kblocks;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x % n_kblocks) * kBc;  // first key of the block
   const int64_t b = bh / p.H, h = bh % p.H;
   const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
   const T* K = static_cast<const T*>(p.k) + bh * p.Sk * D;
@@ -167,16 +193,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
   const int64_t warp_k0 = k0 + 16 * warp;
   // ldmatrix lane addresses of the tiles (see ldsm_addr).
-  const uint32_t d_offset = lane_offset<D>(lane);
+  const uint32_t d_offset = lane_offset_by_rows<D>(lane);
+  const uint32_t d_offset_by_chunks = lane_offset_by_chunks<D>(lane);
   const uint32_t k_lane = course::smem_u32(sK) + d_offset;
   const uint32_t v_lane = course::smem_u32(sV) + d_offset;
-  const uint32_t ds_lane = course::smem_u32(sdS) + lane_offset<kBr>(lane);
+  const uint32_t ds_lane = course::smem_u32(sdS) + lane_offset_by_chunks<kBr>(lane);
 
   for (int64_t step = 0; step < n_steps; ++step) {
     const int stage = static_cast<int>(step & 1);
     const int64_t q0 = (qb_first + step) * kBr;
-    const uint32_t q_lane = course::smem_u32(sQ + stage * kBr * D) + d_offset;
-    const uint32_t o_lane = course::smem_u32(sdO + stage * kBr * D) + d_offset;
+    const uint32_t q_tile = course::smem_u32(sQ + stage * kBr * D);
+    const uint32_t o_tile = course::smem_u32(sdO + stage * kBr * D);
+    const uint32_t q_lane = q_tile + d_offset, o_lane = o_tile + d_offset;
     const float* sLi = sL + stage * kBr;
     const float* sDi = sDelta + stage * kBr;
 
@@ -207,43 +235,54 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bq[4], bo[4];
-        tc::ldmatrix_x4(bq, ldsm_addr<D>(q_lane, 16 * np, 2 * kk));
-        tc::ldmatrix_x4(bo, ldsm_addr<D>(o_lane, 16 * np, 2 * kk));
-        tc::mma_16816<T>(s[2 * np], ak, bq[0], bq[2]);
-        tc::mma_16816<T>(s[2 * np + 1], ak, bq[1], bq[3]);
-        tc::mma_16816<T>(dp[2 * np], av, bo[0], bo[2]);
-        tc::mma_16816<T>(dp[2 * np + 1], av, bo[1], bo[3]);
+        tc::ldmatrix_x4(bq, ldsm_addr<D>(q_tile + d_offset_by_chunks, 16 * np, 2 * kk));
+        tc::ldmatrix_x4(bo, ldsm_addr<D>(o_tile + d_offset_by_chunks, 16 * np, 2 * kk));
+        tc::mma_16816<T>(s[2 * np], ak, bq[0], bq[1]);
+        tc::mma_16816<T>(s[2 * np + 1], ak, bq[2], bq[3]);
+        tc::mma_16816<T>(dp[2 * np], av, bo[0], bo[1]);
+        tc::mma_16816<T>(dp[2 * np + 1], av, bo[2], bo[3]);
       }
     }
 
     // Step 2: P^T = 2^(S^T scale log2(e) + bias log2(e) - L_i log2(e)) and dS^T = P^T (dP^T - D_i),
     // in place (s becomes P^T, dp becomes dS^T). Element e of n8 tile nt: key g + 8 (e / 2) of the
-    // warp, query 8 nt + 2t + e % 2 of the block. Per-element masking only where the block needs it.
+    // warp, query 8 nt + 2t + e % 2 of the block. The loop exists twice (kMasked): with the
+    // per-element mask for the blocks that need it, and without any test for all the others.
     const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
                            (causal && k0 + kBc - 1 > q0);
     const float scale_log2 = p.scale * kLog2e;
+    auto probabilities_and_grads = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int nt = 0; nt < kN; ++nt) {
+      for (int nt = 0; nt < kN; ++nt) {
+        // L_i, D_i of the thread's two query columns 8 nt + 2t, + 1 (one 8-byte load each).
+        const float2 l2 = *reinterpret_cast<const float2*>(sLi + 8 * nt + 2 * t);
+        const float2 di = *reinterpret_cast<const float2*>(sDi + 8 * nt + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = 8 * nt + 2 * t + (e & 1);  // query column in the block
-        const float l2 = sLi[qc];
-        float x = s[nt][e] * scale_log2 - l2;
-        bool visible = l2 != -CUDART_INF_F;  // a row with no visible key: no gradient at all
-        if (need_mask) {
-          const int64_t key = warp_k0 + g + 8 * (e >> 1);
-          const int64_t row = q0 + qc;
-          visible = visible && row < p.Sq && key < kv_len;
-          if (visible) {
-            const float bias = course::mask_bias(p.masking, b, h, row, key);
-            visible = bias != -CUDART_INF_F;
-            x = fmaf(bias, kLog2e, x);
+        for (int e = 0; e < 4; ++e) {
+          const float li = (e & 1) ? l2.y : l2.x;
+          float x = s[nt][e] * scale_log2 - li;
+          bool visible = li != -CUDART_INF_F;  // a row with no visible key: no gradient at all
+          if constexpr (kMasked) {
+            const int64_t key = warp_k0 + g + 8 * (e >> 1);
+            const int64_t row = q0 + 8 * nt + 2 * t + (e & 1);
+            visible = visible && row < p.Sq && key < kv_len;
+            if (visible) {
+              const float bias = course::mask_bias(p.masking, b, h, row, key);
+              visible = bias != -CUDART_INF_F;
+              x = fmaf(bias, kLog2e, x);
+            }
           }
+          const float pij = visible ? tc::exp2_approx(x) : 0.0f;
+          s[nt][e] = pij;
+          dp[nt][e] = pij * (dp[nt][e] - ((e & 1) ? di.y : di.x));
         }
-        const float pij = visible ? tc::exp2_approx(x) : 0.0f;
-        s[nt][e] = pij;
-        dp[nt][e] = pij * (dp[nt][e] - sDi[qc]);
       }
+    };
+    if (need_mask) {
+      probabilities_and_grads(std::true_type{});
+    } else {
+      probabilities_and_grads(std::false_type{});
     }
 
     // Step 3: dV_w += P^T dO_i and dK_w += dS^T Q_i, k = queries in steps of 16. The C fragments of
@@ -286,21 +325,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
     __syncthreads();
 
     // Step 5: dQ_i += scale dS K_j for this warp's 16 query rows and kDc head columns, k = keys in
-    // steps of 16. A = dS is stored transposed (dS^T, keys as rows): ldmatrix.trans of the blocks
-    // (keys 0-7 | 8-15) x (queries 0-7 | 8-15) gives a0, a2, a1, a3. B = K_j by ldmatrix.trans.
+    // steps of 16. A = dS is stored transposed (dS^T, keys as rows): ldmatrix.trans by chunks of the
+    // blocks (keys 0-7 | 8-15) x (queries 0-7 | 8-15) gives a0..a3. B = K_j by ldmatrix.trans.
     {
       const int rg = warp % kRowGroups, cg = warp / kRowGroups;
       uint32_t a[kBc / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        uint32_t m[4];
-        tc::ldmatrix_x4_trans(m, ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
-        a[kk][0] = m[0];
-        a[kk][1] = m[2];
-        a[kk][2] = m[1];
-        a[kk][3] = m[3];
-      }
+      for (int kk = 0; kk < kBc / 16; ++kk) tc::ldmatrix_x4_trans(a[kk], ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
       const int64_t row0 = q0 + 16 * rg + g;  // rows row0 and row0 + 8
+      float* dq_row0 = dQ + row0 * D + 2 * t;  // the thread's first element of row0 (column 2t)
 #pragma unroll
       for (int dn2 = 0; dn2 < kDc / 16; ++dn2) {
         const int chunk = cg * (kDc / 8) + 2 * dn2;
@@ -314,14 +347,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
         }
         // The FP32 accumulator of dQ, shared with every other key block: atomicAdd.
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int col = (chunk + x) * 8 + 2 * t;
+        for (int r = 0; r < 2; ++r) {
+          if (row0 + 8 * r < p.Sq) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t row = row0 + 8 * r;
-            if (row < p.Sq) {
-              atomicAdd(dQ + row * D + col, p.scale * acc[x][2 * r]);
-              atomicAdd(dQ + row * D + col + 1, p.scale * acc[x][2 * r + 1]);
+            for (int x = 0; x < 2; ++x) {
+              float* dst = dq_row0 + 8 * r * D + (chunk + x) * 8;
+              atomicAdd(dst, p.scale * acc[x][2 * r]);
+              atomicAdd(dst + 1, p.scale * acc[x][2 * r + 1]);
             }
           }
         }
