@@ -36,7 +36,7 @@ fused_tc for the rest, masks, training and windows included). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
 kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
-float32 at D=256, stride with float16, ...) auto raises and names the modes that would, reference among them.
+float32 at D=260, stride with float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
 
 supported_modes(q, k, v, mask, stride, window) decides from metadata alone (device type, dtype, D,

@@ -102,11 +102,14 @@ SUPPORT_TABLE = [
     (torch.float32, 64, None, ["fused", "coalesced", "tiled", "naive", "reference"]),
     (torch.float32, 64, 1, ["fused", "coalesced", "tiled", "naive", "reference"]),
     (torch.float32, 80, None, ["fused", "coalesced", "tiled", "naive", "reference"]),
-    (torch.float32, 48, None, ["coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 48, None, ["fused", "coalesced", "tiled", "naive", "reference"]),
+    (torch.float32, 12, None, ["coalesced", "tiled", "naive", "reference"]),
     (torch.float32, 1, None, ["coalesced", "tiled", "naive", "reference"]),
     (torch.float32, 64, 4, ["fused", "reference"]),
-    (torch.float32, 48, 4, ["reference"]),
-    (torch.float32, 256, None, ["reference"]),
+    (torch.float32, 48, 4, ["fused", "reference"]),
+    (torch.float32, 12, 4, ["reference"]),
+    (torch.float32, 256, None, ["fused", "reference"]),
+    (torch.float32, 264, None, ["reference"]),
     (torch.float16, 64, None, ["fused_tc", "reference"]),
     (torch.bfloat16, 128, None, ["fused_tc", "reference"]),
     (torch.float16, 80, None, ["fused_tc", "reference"]),
@@ -596,7 +599,7 @@ def test_window_and_grouped_heads_errors_name_the_argument():
 @pytest.mark.parametrize("dtype,D,gqa,window,expected", [
     (torch.float32, 64, True, None, ["fused", "reference"]),
     (torch.float32, 64, False, 16, ["fused", "reference"]),
-    (torch.float32, 48, True, None, ["reference"]),  # the unfused phases take no grouped heads
+    (torch.float32, 12, True, None, ["reference"]),  # the unfused phases take no grouped heads
     (torch.float16, 64, True, 16, ["fused_tc", "reference"]),
     (torch.bfloat16, 128, True, None, ["fused_tc", "reference"]),
     (torch.float16, 80, True, None, ["fused_tc", "reference"]),
@@ -731,8 +734,8 @@ def test_auto_picks_fused_for_fp32_and_a_tensor_core_kernel_for_half():
     on_hopper = tuple(torch.cuda.get_device_capability()) == (9, 0)
     half_mode = "fused_hopper" if on_hopper else "fused_tc"
     assert torch.equal(cuda_attention_forward(qh, kh, vh), cuda_attention_forward(qh, kh, vh, mode=half_mode))
-    q48, k48, v48 = random_qkv(1, 2, 20, 20, 48)
-    assert torch.equal(cuda_attention_forward(q48, k48, v48), cuda_attention_forward(q48, k48, v48, mode="coalesced"))
+    q12, k12, v12 = random_qkv(1, 2, 20, 20, 12)
+    assert torch.equal(cuda_attention_forward(q12, k12, v12), cuda_attention_forward(q12, k12, v12, mode="coalesced"))
     half_modes = ["fused_hopper"] * on_hopper + ["fused_tc", "reference"]
     with pytest.raises(UnsupportedModeError, match=re.escape(f"Modes that would: {half_modes}")):
         cuda_attention_forward(qh, kh, vh, mode="fused")

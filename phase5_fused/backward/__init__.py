@@ -11,9 +11,9 @@ bfloat16 run bwd_tc.cu (mma.sync tensor cores); both first compute D_i = rowsum(
 (bwd_preprocess.cu). Semantics are the forwards' (utils.reference): bool or additive masks (no
 gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths; rows with no
 visible key, and padding keys, get zero gradients. `dlse`, optional, is the gradient of lse where a
-loss used it. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, checked by
-the op against that forward's C++ list); float16 and bfloat16 take TC_SUPPORTED_D, the tensor-core
-kernel's instances (bwd.h), fewer than the tensor-core forward takes.
+loss used it. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, every
+multiple of 8 up to 256, checked by the op with that forward's C++ rule); float16 and bfloat16 take
+TC_SUPPORTED_D, the tensor-core kernel's instances (bwd.h), fewer than the tensor-core forward takes.
 
 The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
 forward package registers when it loads its extension: phase5_fused.fp32.attention and

@@ -21,23 +21,37 @@
 // columns tx + 16 c; for its part of dQ_i (Br x D) query rows ty + 16 a and columns tx + 16 c.
 // Shared rows are padded by one float (pitch D + 1, odd): the 16 threads that read 16 different
 // K or V rows at the same column hit 16 different banks.
+//
+// Instances (Fp32Tile): D = 32, 64, 80, 96, 128 (the FP32 forward's versions' head dims) with
+// Br = 32, Bc = 64. Every other multiple of 8 up to 256 runs padded on the tiles of the next multiple
+// of 32, D_TILE: the tensors' columns past D are zero-filled on load and never stored, and the
+// wider the tile, the fewer keys and query rows (dK_j, dV_j take 2 Bc D_TILE / 256 registers per
+// thread, the shared memory (2 Bc + 2 Br) (D_TILE + 1) + 2 Br (Bc + 1) floats, within 99 KiB):
+//   D_TILE = 32, 64, 96: Br = 32, Bc = 64    128: Br = 16, Bc = 64    160: Br = 32, Bc = 32
+//   D_TILE = 192, 224:   Br = 16, Bc = 32    256: Br = 16, Bc = 16
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 #include <math_constants.h>
 
+#include "../fp32/fused.h"
 #include "bwd.h"
 #include "common.cuh"
+#include "shared_memory_opt_in.h"
 
 namespace phase5_bwd {
 namespace {
 
 constexpr int kTX = 16, kTY = 16, kThreads = kTX * kTY;
 
-template <int D_>
+// D_TILE head columns in shared memory and registers: the tensors' head dim, or (PADDED) a tile for
+// any head dim <= D_TILE, read at run time.
+template <int D_TILE, int BR, int BC, bool PADDED>
 struct Fp32Tile {
-  static constexpr int D = D_;
-  static constexpr int Br = 32;      // query rows per step
-  static constexpr int Bc = 64;      // keys per thread block
+  static constexpr int D = D_TILE;
+  static constexpr int Br = BR;      // query rows per step
+  static constexpr int Bc = BC;      // keys per thread block
+  static constexpr bool kPadded = PADDED;
   static constexpr int LD = D + 1;   // pitch of Q, K, V, dO rows (floats)
   static constexpr int LDS = Bc + 1; // pitch of P, dS rows
   static constexpr int TQ = Br / kTY, TK = Bc / kTY, TN = Bc / kTX, TD = D / kTX;
@@ -46,22 +60,29 @@ struct Fp32Tile {
   static_assert(D % kTX == 0, "the head columns split evenly over the 16 threads of a row");
   static_assert(Br % kTY == 0 && Bc % kTY == 0 && Bc % kTX == 0, "tiles are multiples of the 16 x 16 grid");
   static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit in 227 KiB of shared memory");
+  static_assert(!kPadded || kSmemBytes <= course::kSmemPerBlockEverywhere,
+                "padded tiles must fit the shared memory a block may have on every GPU (99 KiB)");
 };
 
-// Rows [first, first + ROWS) of a [rows, D] matrix into shared memory (pitch LD); rows at or past
-// `limit` are zero-filled, never read.
+// Rows [first, first + ROWS) of a [rows, head_dim] matrix into shared memory (D columns, pitch LD);
+// rows at or past `limit` and columns at or past head_dim (padded tiles) are zero-filled, never read.
 template <int D, int ROWS, int LD>
-__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t first, int64_t limit) {
+__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t first, int64_t limit,
+                                          int head_dim) {
   for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
     const int r = idx / D, c = idx % D;
-    dst[r * LD + c] = first + r < limit ? src[(first + r) * D + c] : 0.0f;
+    dst[r * LD + c] = first + r < limit && c < head_dim ? src[(first + r) * head_dim + c] : 0.0f;
   }
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams p,
+                                                                 const int padded_head_dim) {
   constexpr int D = Cfg::D, Br = Cfg::Br, Bc = Cfg::Bc, LD = Cfg::LD, LDS = Cfg::LDS;
   constexpr int TQ = Cfg::TQ, TK = Cfg::TK, TN = Cfg::TN, TD = Cfg::TD;
+  // The tensors' head dim: D, or in a padded instance the run-time one (<= D); the tile columns past
+  // it are zeros (they add nothing to S or dP, and their dQ, dK, dV columns are not stored).
+  const int head_dim = Cfg::kPadded ? padded_head_dim : D;
 
   extern __shared__ float smem[];
   float* Ks = smem;               // [Bc][LD]  K_j
@@ -80,13 +101,13 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
   const int64_t bh = blockIdx.x % BH;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x / BH) * Bc;
   const int64_t b = bh / p.H, h = bh % p.H;
-  const float* q = static_cast<const float*>(p.q) + bh * p.Sq * D;
-  const float* k = static_cast<const float*>(p.k) + bh * p.Sk * D;
-  const float* v = static_cast<const float*>(p.v) + bh * p.Sk * D;
-  const float* dout = static_cast<const float*>(p.dout) + bh * p.Sq * D;
+  const float* q = static_cast<const float*>(p.q) + bh * p.Sq * head_dim;
+  const float* k = static_cast<const float*>(p.k) + bh * p.Sk * head_dim;
+  const float* v = static_cast<const float*>(p.v) + bh * p.Sk * head_dim;
+  const float* dout = static_cast<const float*>(p.dout) + bh * p.Sq * head_dim;
   const float* lse = p.lse + bh * p.Sq;
   const float* delta = p.delta + bh * p.Sq;
-  float* dq = p.dq + bh * p.Sq * D;
+  float* dq = p.dq + bh * p.Sq * head_dim;
 
   // Padding keys (j >= kv_len) are zero-filled, never loaded: whatever they hold (NaN too) cannot
   // reach a gradient, and their dK, dV rows come out zero.
@@ -95,8 +116,8 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
                         p.masking.stride > 1;
 
   // Step 1: K_j, V_j to shared memory, once; dK_j, dV_j accumulators to zero.
-  load_rows<D, Bc, LD>(Ks, k, j0, kv_len);
-  load_rows<D, Bc, LD>(Vs, v, j0, kv_len);
+  load_rows<D, Bc, LD>(Ks, k, j0, kv_len, head_dim);
+  load_rows<D, Bc, LD>(Vs, v, j0, kv_len, head_dim);
   float dk[TK][TD], dv[TK][TD];
 #pragma unroll
   for (int a = 0; a < TK; ++a)
@@ -111,8 +132,8 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
   for (int64_t i0 = i_first; i0 < i_end; i0 += Br) {
     // Step 3: Q_i, dO_i, L_i, D_i to shared memory (after every thread is done with the last ones).
     __syncthreads();
-    load_rows<D, Br, LD>(Qs, q, i0, p.Sq);
-    load_rows<D, Br, LD>(dOs, dout, i0, p.Sq);
+    load_rows<D, Br, LD>(Qs, q, i0, p.Sq, head_dim);
+    load_rows<D, Br, LD>(dOs, dout, i0, p.Sq, head_dim);
     if (threadIdx.x < Br) {
       const int64_t row = i0 + threadIdx.x;
       Ls[threadIdx.x] = row < p.Sq ? lse[row] : -CUDART_INF_F;
@@ -198,7 +219,10 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
       const int64_t row = i0 + ty + kTY * a;
       if (row >= p.Sq) continue;
 #pragma unroll
-      for (int c = 0; c < TD; ++c) atomicAdd(dq + row * D + tx + kTX * c, p.scale * dqa[a][c]);
+      for (int c = 0; c < TD; ++c) {
+        const int col = tx + kTX * c;
+        if (!Cfg::kPadded || col < head_dim) atomicAdd(dq + row * head_dim + col, p.scale * dqa[a][c]);
+      }
     }
   }
 
@@ -208,37 +232,55 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
   for (int a = 0; a < TK; ++a) {
     const int64_t key = j0 + ty + kTY * a;
     if (key >= p.Sk) continue;
-    float* dk_row = static_cast<float*>(p.dk) + (bh * p.Sk + key) * D;
-    float* dv_row = static_cast<float*>(p.dv) + (bh * p.Sk + key) * D;
+    float* dk_row = static_cast<float*>(p.dk) + (bh * p.Sk + key) * head_dim;
+    float* dv_row = static_cast<float*>(p.dv) + (bh * p.Sk + key) * head_dim;
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
-      dk_row[tx + kTX * c] = p.scale * dk[a][c];
-      dv_row[tx + kTX * c] = dv[a][c];
+      const int col = tx + kTX * c;
+      if (Cfg::kPadded && col >= head_dim) continue;
+      dk_row[col] = p.scale * dk[a][c];
+      dv_row[col] = dv[a][c];
     }
   }
 }
 
-template <int D>
-void launch_d(const BwdParams& p, cudaStream_t stream) {
-  using Cfg = Fp32Tile<D>;
-  auto* kernel = fp32_backward_kernel<Cfg>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+template <typename Cfg>
+void launch(const BwdParams& p, int D, cudaStream_t stream) {
+  constexpr auto* kernel = fp32_backward_kernel<Cfg>;
+  course::opt_in_shared_memory<kernel>(c10::cuda::current_device(), Cfg::kSmemBytes);
   const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::Bc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::Bc, ")) for one grid");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, Cfg::kSmemBytes, stream>>>(p, D);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// A head dim without an instance of its own: the padded tiles of the next multiple of 32.
+void launch_padded(const BwdParams& p, int D, cudaStream_t stream) {
+  TORCH_CHECK(phase5::fast_supports_head_dim(D), "q: head dim D=", D, " is not supported by the FP32 backward");
+  switch (course::ceil_div(D, 32)) {
+    // <D_TILE, Br, Bc, padded>
+    case 1: return launch<Fp32Tile<32, 32, 64, true>>(p, D, stream);
+    case 2: return launch<Fp32Tile<64, 32, 64, true>>(p, D, stream);
+    case 3: return launch<Fp32Tile<96, 32, 64, true>>(p, D, stream);
+    case 4: return launch<Fp32Tile<128, 16, 64, true>>(p, D, stream);
+    case 5: return launch<Fp32Tile<160, 32, 32, true>>(p, D, stream);
+    case 6: return launch<Fp32Tile<192, 16, 32, true>>(p, D, stream);
+    case 7: return launch<Fp32Tile<224, 16, 32, true>>(p, D, stream);
+    default: return launch<Fp32Tile<256, 16, 16, true>>(p, D, stream);
+  }
 }
 
 }  // namespace
 
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream) {
   switch (D) {
-    case 32: return launch_d<32>(p, stream);
-    case 64: return launch_d<64>(p, stream);
-    case 80: return launch_d<80>(p, stream);
-    case 96: return launch_d<96>(p, stream);
-    case 128: return launch_d<128>(p, stream);
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the FP32 backward");
+    // <D, Br, Bc, padded>
+    case 32: return launch<Fp32Tile<32, 32, 64, false>>(p, D, stream);
+    case 64: return launch<Fp32Tile<64, 32, 64, false>>(p, D, stream);
+    case 80: return launch<Fp32Tile<80, 32, 64, false>>(p, D, stream);
+    case 96: return launch<Fp32Tile<96, 32, 64, false>>(p, D, stream);
+    case 128: return launch<Fp32Tile<128, 32, 64, false>>(p, D, stream);
+    default: return launch_padded(p, D, stream);
   }
 }
 

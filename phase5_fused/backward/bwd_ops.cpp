@@ -5,7 +5,7 @@
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128)
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
-// the gradient of lse when the caller used it. Head dims: the FP32 forward's own list, and the
+// the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
 // tensor-core kernel's own (bwd.h), fewer than its forward takes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -72,8 +72,9 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
     TORCH_CHECK(stride == 1, "stride must be 1 for the tensor-core backward, got ", stride);
   } else {
-    TORCH_CHECK(listed(phase5::kSupportedD, s.D), "q: head dim D=", s.D,
-                " is not supported by the FP32 backward (the forward's: 32, 64, 80, 96, 128)");
+    TORCH_CHECK(phase5::fast_supports_head_dim(s.D), "q: head dim D=", s.D, " is not supported by the FP32 "
+                "backward (the FP32 forward's: a multiple of ", phase5::kHeadDimStep, " from ",
+                phase5::kMinHeadDim, " to ", phase5::kMaxHeadDim, ")");
   }
   check_like(out, "out", q, dtype, q.sizes());
   check_like(dout, "dout", q, dtype, q.sizes());

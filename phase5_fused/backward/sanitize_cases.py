@@ -4,7 +4,8 @@ phase5_fused.backward` (memcheck + racecheck).
 
 Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one
 batch with a key length inside a block and one with none; causal, and the mask path with a fully
-masked row; every tile configuration (variant) of the tensor-core kernel.
+masked row; every tile configuration (variant) of the tensor-core kernel. FP32 head dims: the
+versions' (each its own instance), then each padded tile width at a D 8 below it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from utils import reference
 from utils.testing import assert_close, random_bool_mask, random_qkv, randn
 
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+# One D per FP32 instance: its own head dims, and one on each padded tile width (zero-filled columns).
+FP32_HEAD_DIMS = fp32.VERSION_D + tuple(width - 8 for width in fp32.PADDED_TILE_D)
 
 
 def main() -> int:
@@ -28,7 +31,7 @@ def main() -> int:
     B, H, Sq, Sk = 3, 2, 17, 150
     lengths = torch.tensor([Sk, 33, 0], device="cuda", dtype=torch.int32)
     cases = 0
-    for dtype, module, head_dims in ((torch.float32, fp32, fp32.SUPPORTED_D),
+    for dtype, module, head_dims in ((torch.float32, fp32, FP32_HEAD_DIMS),
                                      (torch.float16, tc, backward.TC_SUPPORTED_D),
                                      (torch.bfloat16, tc, backward.TC_SUPPORTED_D)):
         for D in head_dims:

@@ -26,6 +26,9 @@ FP32_TOL = 1e-4
 # SDPA's gradient error can be ~0 (S = 1: dV = dO); below this the 2x rule is not applied.
 SDPA_FLOOR = 1e-4
 TC_DTYPES = (torch.float16, torch.bfloat16)
+# FP32 head dims on the backward's padded tiles: not a multiple of 16 (8, 40, 136, 200), a tile's
+# width itself (256); each of a different tile width.
+FP32_PADDED_D = (8, 40, 136, 200, 256)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,11 +143,34 @@ def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("D", fp32.VERSION_D)
 @pytest.mark.parametrize("S", [1, 17, 127, 1000])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp32_grid(S, D, causal):
     run_case(torch.float32, 2, 2, S, S, D, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_every_head_dim(D, causal):
+    """Every D the FP32 forward takes, through its autograd: key and query blocks cut short."""
+    run_case(torch.float32, 2, 2, 77, 130, D, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", FP32_PADDED_D)
+def test_fp32_padded_head_dims_masks_padding_stride(D):
+    """Padded tiles with a fully masked row, a batch of no keys, padding keys, causal and stride."""
+    B, H, Sq, Sk = 3, 2, 77, 130
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = float("-inf")
+    lengths = torch.tensor([Sk, 70, 0], device="cuda")
+    dq, dk, dv = run_case(torch.float32, B, H, Sq, Sk, D, mask=mask, is_causal=True, key_lengths=lengths)
+    for name, g in (("dq row 5", dq[..., 5, :]), ("dk of padding keys", dk[1, :, 70:]),
+                    ("dv of a batch with no keys", dv[2])):
+        assert torch.equal(g, torch.zeros_like(g)), f"{name} must be zeros"
+    run_case(torch.float32, 2, 2, Sq, Sk, D, is_causal=True, stride=3)
 
 
 @requires_gpu
@@ -380,6 +406,14 @@ def test_cpu_tensor_rejected_without_gpu():
         backward.attention_backward(q, q, q, q, lse, q)
 
 
+@pytest.mark.parametrize("D", [0, 12, 264])
+def test_fp32_unsupported_head_dim_rejected_without_gpu(D):
+    """An input that requires grad at a D the FP32 forward (and so its backward) does not take."""
+    q = torch.randn(1, 1, 8, D, requires_grad=True)
+    with pytest.raises(ValueError, match=rf"head dim D={D} \(q.shape\[-1\]\) is not supported"):
+        fp32.attention(q, q, q)
+
+
 def test_tc_head_dims_are_the_kernels():
     """TC_SUPPORTED_D is the list the op checks (bwd.h), and within the tensor-core forward's."""
     header = (Path(backward.__file__).parent / "bwd.h").read_text()
@@ -437,10 +471,11 @@ def test_op_checks_name_the_argument():
         ops.attention_backward_fp32(q, k, v, out, lse[:, :1], dout, *args)
     with pytest.raises(RuntimeError, match="dout must be contiguous"):
         ops.attention_backward_fp32(q, k, v, out, lse, dout.transpose(2, 3).contiguous().transpose(2, 3), *args)
-    x = torch.randn(1, 2, 16, 48, device="cuda")
     lse48 = torch.zeros(1, 2, 16, device="cuda")
-    with pytest.raises(RuntimeError, match="D=48"):
-        ops.attention_backward_fp32(x, x, x, x, lse48, x, *args)
+    for D in (12, 264):
+        x = torch.randn(1, 2, 16, D, device="cuda")
+        with pytest.raises(RuntimeError, match=f"D={D} is not supported by the FP32 backward"):
+            ops.attention_backward_fp32(x, x, x, x, lse48, x, *args)
     h = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="D=80"):
         ops.attention_backward_tc(h, h, h, h, lse48, h, *args)

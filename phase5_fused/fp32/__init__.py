@@ -2,12 +2,14 @@
 
 attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
           return_lse=False, kernel="fast", variant=0, window=None)
-    softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors,
-    D in SUPPORTED_D. `kernel` picks one of the five versions of the lesson (KERNELS, in order,
-    each one idea further; README "Versions"): "teaching" runs fused_teaching.cu (Algorithm 1 in
-    its clearest form), "v2" fused_v2_register_tiles.cu, "v3" fused_v3_cp_async.cu, "v4"
-    fused_v4_exp2.cu, and "fast" fused_fast.cu (register-tiled, cp.async, exp2, gathered strided
-    keys). Every version computes the same function.
+    softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors.
+    `kernel` picks one of the five versions of the lesson (KERNELS, in order, each one idea further;
+    README "Versions"): "teaching" runs fused_teaching.cu (Algorithm 1 in its clearest form), "v2"
+    fused_v2_register_tiles.cu, "v3" fused_v3_cp_async.cu, "v4" fused_v4_exp2.cu, and "fast"
+    fused_fast.cu (register-tiled, cp.async, exp2, gathered strided keys). Every version computes
+    the same function. Head dims: the fast kernel takes D in SUPPORTED_D (every multiple of 8 from 8
+    to 256; a D outside VERSION_D runs on the padded tiles of the next multiple of 32,
+    PADDED_TILE_D), the other versions D in VERSION_D only (ValueError naming D and the kernel).
     Semantics are utils.reference's: bool mask True = attend or additive float mask broadcastable
     to [B, H, Sq, Sk], causal top-left aligned, stride (keys j % stride == 0), key_lengths [B]
     (int32/int64) for key padding; fully masked rows give zeros (lse -inf).
@@ -35,14 +37,24 @@ import torch
 from utils.build import op_loader
 from utils.checks import check_attention_inputs, dim_in, grouped_or_window, plain_arguments, records_grad
 
-SUPPORTED_D = (32, 64, 80, 96, 128)
+# The head dims every version takes, each with instances of its own (fused.h's kVersionD).
+VERSION_D = (32, 64, 80, 96, 128)
+# The head dims the fast kernel (and the FP32 backward) takes (fused.h's fast_supports_head_dim): every
+# multiple of 8 from 8 to 256, a 16-byte chunk of a row being wholly data or padding.
+SUPPORTED_D = tuple(range(8, 257, 8))
+# The tile widths of the fast kernel's padded instances (fused_fast.cu's launch_padded): a D outside
+# VERSION_D runs on the smallest one >= D, its columns past D zero-filled on load and never stored.
+PADDED_TILE_D = (32, 64, 96, 128, 160, 192, 224, 256)
 DTYPES = (torch.float32,)
 # The versions of the fused kernel, in the order of the lesson (v1 ... v5).
 KERNELS = ("teaching", "v2", "v3", "v4", "fast")
-# Tile configurations (Br x Bc) of the fast kernel per D, in variant order (fused_fast.cu's
-# launch_fast); variant 0 is the default.
+# Tile configurations (Br x Bc) of the fast kernel's own instances per D in VERSION_D, in variant
+# order (fused_fast.cu's launch_fast); variant 0 is the default. Every other D has one variant, the
+# padded tile of its width (PADDED_TILES).
 FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x64",), 128: ("64x64", "64x32")}
-FAST_VARIANTS = {D: len(tiles) for D, tiles in FAST_TILES.items()}
+PADDED_TILES = {32: "64x64", 64: "64x64", 96: "64x32", 128: "64x32", 160: "32x32", 192: "32x32", 224: "32x32",
+                256: "32x16"}
+FAST_VARIANTS = {D: len(FAST_TILES.get(D, ("padded",))) for D in SUPPORTED_D}
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_v2_register_tiles.cu", "fused_v3_cp_async.cu",
            "fused_v4_exp2.cu", "fused_fast.cu"]
 
@@ -92,6 +104,20 @@ def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, w
     return None
 
 
+def _check_head_dim(q, kernel) -> None:
+    """D = q.shape[-1] is one the kernel takes: SUPPORTED_D (fast) or VERSION_D (the others)."""
+    if not (torch.is_tensor(q) and q.dim() == 4):
+        return  # check_attention_inputs names the argument
+    D = q.shape[-1]
+    if kernel == "fast" and not dim_in(D, SUPPORTED_D):
+        raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by the fast kernel: use a multiple of 8 "
+                         f"from {SUPPORTED_D[0]} to {SUPPORTED_D[-1]}")
+    if kernel != "fast" and not dim_in(D, VERSION_D):
+        raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by kernel={kernel!r}: use one of "
+                         f"{VERSION_D}, or the fast kernel (every multiple of 8 from {SUPPORTED_D[0]} to "
+                         f"{SUPPORTED_D[-1]})")
+
+
 def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
               return_lse=False, kernel="fast", variant=0, window=None):
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
@@ -105,8 +131,9 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel != "fast" and variant != 0:
         raise ValueError(f"variant applies to the fast kernel only (kernel={kernel!r}, variant={variant!r})")
+    _check_head_dim(q, kernel)
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
-        q, k, v, mask=mask, stride=stride, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D),
+        q, k, v, mask=mask, stride=stride, dtypes=DTYPES,
         key_lengths=key_lengths, is_causal=is_causal, scale=scale, grouped=True, window=window)
     extended = grouped_or_window(H, k.shape[1], window)
     if kernel != "fast" and extended:

@@ -10,8 +10,26 @@
 
 namespace phase5 {
 
-// The FP32 head dims every version supports (each has a template instance per D).
-constexpr int kSupportedD[] = {32, 64, 80, 96, 128};
+// The head dims every version takes, each with a template instance of its own (__init__.py's
+// VERSION_D): the teaching kernel and versions 2-4 take these only.
+constexpr int kVersionD[] = {32, 64, 80, 96, 128};
+
+// The head dims the fast kernel takes (__init__.py's SUPPORTED_D), and so the FP32 backward: every
+// multiple of 8 from 8 to 256 (a 16-byte chunk of a row is wholly data or padding). A D outside
+// kVersionD runs on the padded tiles of the next multiple of 32 (fused_fast.cu).
+constexpr int kMinHeadDim = 8;
+constexpr int kMaxHeadDim = 256;
+constexpr int kHeadDimStep = 8;
+
+inline bool version_supports_head_dim(int64_t D) {
+  for (int d : kVersionD)
+    if (d == D) return true;
+  return false;
+}
+
+inline bool fast_supports_head_dim(int64_t D) {
+  return D >= kMinHeadDim && D <= kMaxHeadDim && D % kHeadDimStep == 0;
+}
 
 struct FusedParams {
   const float* q;            // [B, H, Sq, D], contiguous, 16-byte aligned
@@ -28,6 +46,9 @@ struct FusedParams {
   int64_t window;
   float scale;               // softmax scale (1/sqrt(D) by default)
   course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
+  // D, the row length of q, k, v and o. Only the fast kernel's padded instances read it: the others
+  // have D as a template constant.
+  int head_dim;
 };
 
 // Launchers (one per kernel file); they pick the template instance for D and launch on `stream`.

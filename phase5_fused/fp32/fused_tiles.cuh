@@ -58,10 +58,12 @@ __device__ __forceinline__ void load_rows(float* dst, const float* head, int64_t
 
 // Versions 3-5: cp.async, 16 bytes per copy, the zero-fill done by the copy. Tile row r is global
 // row (first + r) * step of `head`: step = 1 for Q and dense K/V; step = stride gathers the keys
-// of strided attention (version 5).
-template <int D, int ROWS, int LD>
+// of strided attention (version 5). kPadded (the fast kernel's padded instances): the rows of
+// `head` hold head_dim <= D floats (a multiple of 4); tile columns at or past head_dim are
+// zero-filled, never read. Otherwise head_dim is D.
+template <int D, int ROWS, int LD, bool kPadded = false>
 __device__ __forceinline__ void load_rows_async(float* dst, const float* head, int64_t first,
-                                                int64_t step, int64_t limit) {
+                                                int64_t step, int64_t limit, int head_dim = D) {
   constexpr int kChunks = D / 4;  // 16-byte chunks per row
   constexpr int kTotal = ROWS * kChunks;
   static_assert(kTotal % kThreads == 0, "every thread copies the same number of chunks");
@@ -71,8 +73,8 @@ __device__ __forceinline__ void load_rows_async(float* dst, const float* head, i
     const int r = c / kChunks;
     const int col = (c % kChunks) * 4;
     const int64_t row = (first + r) * step;
-    const bool valid = row < limit;
-    course::cp_async_16(course::smem_u32(dst + r * LD + col), head + (valid ? row * D + col : 0), valid);
+    const bool valid = row < limit && (!kPadded || col < head_dim);
+    course::cp_async_16(course::smem_u32(dst + r * LD + col), head + (valid ? row * head_dim + col : 0), valid);
   }
 }
 
@@ -237,7 +239,7 @@ void with_version_tiles(int D, Launch&& launch) {
     case 80: return launch(TileConfig<80, 64, 64, 2>{});
     case 96: return launch(TileConfig<96, 64, 64, 2>{});
     case 128: return launch(TileConfig<128, 64, 64, 1>{});
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported (32, 64, 80, 96, 128)");
+    default: TORCH_CHECK(false, "q: head dim D=", D, " has no instance in versions 1-4 (kVersionD)");
   }
 }
 

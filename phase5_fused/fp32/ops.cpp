@@ -3,7 +3,8 @@
 //   phase5_fused::attention_teaching(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse)
 //   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...): the same arguments
 //   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
-//       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none)
+//       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none),
+//       and every D that is a multiple of 8 up to 256 (the others take fused.h's kVersionD only)
 //   phase5_fused::attention_fast_inference(...)   the same op without an autograd formula
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
@@ -21,10 +22,11 @@
 
 namespace {
 
-bool supported_d(int64_t D) {
-  for (int d : phase5::kSupportedD)
-    if (d == D) return true;
-  return false;
+// kVersionD as the error messages print it: "32, 64, 80, 96, 128".
+std::string version_head_dims() {
+  std::string text;
+  for (int d : phase5::kVersionD) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return text;
 }
 
 struct Prepared {
@@ -33,14 +35,22 @@ struct Prepared {
   int D;
 };
 
-// grouped_window: the fast kernel, which takes k, v with H_kv heads and a window (0 = none); the
-// other versions are called with false and 0.
+// fast: the fast kernel, which takes every multiple of 8 up to 256 as D, k, v with H_kv heads and a
+// window (0 = none); the other versions are called with false and 0.
 Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
                  int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
-                 bool grouped_window = false, int64_t window = 0) {
-  const course::AttentionShape s = course::check_qkv(q, k, v, at::kFloat, grouped_window);
-  TORCH_CHECK(supported_d(s.D), "q: head dim D=", s.D, " is not supported (32, 64, 80, 96, 128)");
+                 bool fast = false, int64_t window = 0) {
+  const course::AttentionShape s = course::check_qkv(q, k, v, at::kFloat, fast);
+  if (fast) {
+    TORCH_CHECK(phase5::fast_supports_head_dim(s.D), "q: head dim D=", s.D, " is not supported by the fast "
+                "kernel: use a multiple of ", phase5::kHeadDimStep, " from ", phase5::kMinHeadDim, " to ",
+                phase5::kMaxHeadDim);
+  } else {
+    TORCH_CHECK(phase5::version_supports_head_dim(s.D), "q: head dim D=", s.D, " is not supported by the "
+                "versions other than the fast kernel (", version_head_dims(), "; the fast kernel takes every "
+                "multiple of ", phase5::kHeadDimStep, " from ", phase5::kMinHeadDim, " to ", phase5::kMaxHeadDim, ")");
+  }
   const at::Tensor* tensors[] = {&q, &k, &v};
   const char* names[] = {"q", "k", "v"};
   for (int t = 0; t < 3; ++t)
@@ -63,6 +73,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   p.Sq = s.Sq;
   p.Sk = s.Sk;
   p.H_kv = k.size(1);
+  p.head_dim = prep.D;
   p.window = course::check_window(window, is_causal, s.Sq);
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
   p.masking = course::make_masking(mask, is_causal, stride, s, q);

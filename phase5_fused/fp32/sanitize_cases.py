@@ -5,7 +5,8 @@ phase5_fused.fp32` (memcheck + racecheck).
 Sizes, for every version: S=17 (no tile multiple), Sq != Sk both ways, Sk below one key tile, masks,
 causal, stride, key padding, every D (each version's template instance per D), a row with every key
 hidden; then every fast-kernel tile variant, and one grouped-query (H=4 over H_kv=2) sliding-window
-call of the fast kernel (its window instance) with padding and stride.
+call of the fast kernel (its window instance) with padding and stride; then each padded tile width
+of the fast kernel at a D 8 below it (zero-filled columns), plain and in its window instance.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ def main() -> None:
         case(kernel, 1, 1, 65, 130, 96, stride=3, is_causal=True)
         case(kernel, 2, 1, 17, 90, 128, stride=2,
              key_lengths=torch.tensor([0, 61], dtype=torch.int64, device="cuda"))
-    for D, count in fp32.FAST_VARIANTS.items():
-        for variant in range(count):
+    for D, tiles in fp32.FAST_TILES.items():
+        for variant in range(len(tiles)):
             case("fast", 1, 1, 70, 131, D, variant=variant, is_causal=True)
     case("fast", 2, 4, 150, 130, 64, H_kv=2, is_causal=True, window=37, stride=2,
          key_lengths=torch.tensor([100, 0], dtype=torch.int32, device="cuda"))
+    for width in fp32.PADDED_TILE_D:
+        case("fast", 1, 1, 70, 131, width - 8, is_causal=True)
+        case("fast", 2, 4, 77, 130, width - 8, H_kv=2, is_causal=True, window=37, stride=2,
+             mask=random_additive_mask((77, 130)), key_lengths=torch.tensor([100, 0], dtype=torch.int32, device="cuda"))
     torch.cuda.synchronize()
     print("phase5_fused.fp32 sanitize cases: ok")
 

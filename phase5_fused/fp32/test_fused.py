@@ -8,8 +8,10 @@ element the kernel forgets to write stays NaN and fails.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,9 @@ from utils.testing import (assert_close, random_additive_mask, random_bool_mask,
                            requires_gpu)
 
 KERNELS = fp32.KERNELS
+# Head dims on the fast kernel's padded tiles, one or two per tile width: not a multiple of 16 (8, 40,
+# 136, 200), a tile's width itself (256), widths with 64 and 32 rows per block.
+PADDED_D = (8, 40, 136, 200, 256)
 
 
 def _poison_allocator(*shape):
@@ -83,6 +88,46 @@ def test_run_names_every_version_in_order():
     assert tuple(benchmark.VERSIONS) == fp32.KERNELS
 
 
+@pytest.mark.parametrize("D", [0, 4, 12, 100, 264])
+def test_unsupported_head_dim_rejected_without_gpu(D):
+    q = torch.randn(1, 1, 8, D)
+    with pytest.raises(ValueError, match=rf"head dim D={D} \(q.shape\[-1\]\) is not supported by the fast kernel: "
+                                         "use a multiple of 8 from 8 to 256"):
+        fp32.attention(q, q, q)
+
+
+@pytest.mark.parametrize("kernel", KERNELS[:-1])
+@pytest.mark.parametrize("D", [8, 48, 256])
+def test_fast_only_head_dim_rejected_by_the_other_versions_without_gpu(kernel, D):
+    q = torch.randn(1, 1, 8, D)
+    with pytest.raises(ValueError, match=rf"head dim D={D} \(q.shape\[-1\]\) is not supported by "
+                                         rf"kernel='{kernel}': use one of \(32, 64, 80, 96, 128\)"):
+        fp32.attention(q, q, q, kernel=kernel)
+
+
+def test_head_dims_are_the_kernels():
+    """VERSION_D, SUPPORTED_D, PADDED_TILE_D, PADDED_TILES and FAST_TILES name what fused.h and
+    fused_fast.cu compile and check."""
+    folder = Path(fp32.__file__).parent
+    header = (folder / "fused.h").read_text()
+    listed = re.search(r"kVersionD\[\] = \{([^}]*)\}", header).group(1)
+    assert tuple(int(d) for d in listed.split(",")) == fp32.VERSION_D
+    low, high, step = (int(re.search(rf"{name} = (\d+);", header).group(1))
+                       for name in ("kMinHeadDim", "kMaxHeadDim", "kHeadDimStep"))
+    assert fp32.SUPPORTED_D == tuple(range(low, high + 1, step))
+    assert set(fp32.VERSION_D) <= set(fp32.SUPPORTED_D)
+    source = (folder / "fused_fast.cu").read_text()
+    padded = re.findall(r"launch_padded_config<(\d+), (\d+), (\d+), \d+>\(p, stream\)", source)
+    assert tuple(int(width) for width, _, _ in padded) == fp32.PADDED_TILE_D
+    assert {int(width): f"{br}x{bc}" for width, br, bc in padded} == fp32.PADDED_TILES
+    assert all(d % 32 == 0 for d in fp32.PADDED_TILE_D) and fp32.PADDED_TILE_D[-1] == fp32.SUPPORTED_D[-1]
+    own = {}
+    for D, br, bc in re.findall(r"launch_config<(\d+), (\d+), (\d+), \d+>\(p, stream\)", source):
+        own.setdefault(int(D), []).append(f"{br}x{bc}")
+    assert {D: tuple(tiles) for D, tiles in own.items()} == fp32.FAST_TILES
+    assert set(fp32.FAST_TILES) == set(fp32.VERSION_D) and set(fp32.FAST_VARIANTS) == set(fp32.SUPPORTED_D)
+
+
 def test_import_builds_nothing():
     code = "import phase5_fused.fp32, torch; from utils.build import LOADED_OPS; assert not LOADED_OPS; print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -103,10 +148,20 @@ def test_sequence_lengths(kernel, S):
 
 @requires_gpu
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("D", fp32.VERSION_D)
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(kernel, D, causal):
     check(kernel, *random_qkv(2, 2, 200, 333, D), is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("Sq,Sk", [(77, 130), (1, 130)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_every_head_dim(D, Sq, Sk, causal):
+    """Every D of the fast kernel, its own instances and the padded ones: a query block and a key
+    tile cut short, and a single query row."""
+    check("fast", *random_qkv(2, 2, Sq, Sk, D), is_causal=causal)
 
 
 @requires_gpu
@@ -247,7 +302,7 @@ HEADS = [(8, 8), (8, 2), (8, 1)]  # (H, H_kv): multi-head, grouped-query, multi-
 
 @requires_gpu
 @pytest.mark.parametrize("H,H_kv", HEADS)
-@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("D", fp32.VERSION_D + PADDED_D)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa(H, H_kv, D, causal):
     """k, v with H_kv heads against the float64 reference, Sq != Sk."""
@@ -276,7 +331,7 @@ def test_window(window, S, H, H_kv):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D", fp32.SUPPORTED_D)
+@pytest.mark.parametrize("D", fp32.VERSION_D + PADDED_D)
 @pytest.mark.parametrize("Sq,Sk", [(300, 200), (150, 400), (1, 300), (257, 257)])
 @pytest.mark.parametrize("window", [1, 63, 100])
 def test_window_every_head_dim_and_cross_lengths(D, Sq, Sk, window):
@@ -300,6 +355,22 @@ def test_window_with_mask_stride_and_key_lengths():
         out = check("fast", *random_qkv(B, H, Sq, Sk, 96, H_kv=H_kv), mask=mask, is_causal=True, window=50,
                     stride=stride, key_lengths=lengths)
         assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", PADDED_D)
+@pytest.mark.parametrize("stride", [None, 3])
+def test_padded_head_dims_with_every_rule(D, stride):
+    """Padded tiles under every rule at once: grouped heads, a window, an additive mask with a fully
+    masked row, stride, key padding with a batch of no keys; and a boolean mask without a window."""
+    B, H, H_kv, Sq, Sk = 3, 4, 2, 150, 190
+    mask = random_additive_mask((B, 1, Sq, Sk))
+    mask[:, :, 9] = float("-inf")
+    lengths = torch.tensor([Sk, 77, 0], dtype=torch.int32, device="cuda")
+    q, k, v = random_qkv(B, H, Sq, Sk, D, H_kv=H_kv)
+    out = check("fast", q, k, v, mask=mask, is_causal=True, window=45, stride=stride, key_lengths=lengths)
+    assert torch.equal(out[:, :, 9], torch.zeros_like(out[:, :, 9])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    check("fast", q, k, v, mask=random_bool_mask((B, H, Sq, Sk)), stride=stride, key_lengths=lengths)
 
 
 @requires_gpu
@@ -374,9 +445,11 @@ def test_bad_inputs(kernel):
         attn(q, k, v[:, :, :5], kernel=kernel)
     with pytest.raises(ValueError, match="q"):
         attn(q[:, :, :, :2], k[:, :, :, :2], v[:, :, :, :2], kernel=kernel)
-    with pytest.raises(ValueError, match="D=48"):
-        q48, k48, v48 = random_qkv(1, 1, 8, 8, 48)
-        attn(q48, k48, v48, kernel=kernel)
+    with pytest.raises(ValueError, match="D=12"):
+        attn(*random_qkv(1, 1, 8, 8, 12), kernel=kernel)
+    if kernel != "fast":
+        with pytest.raises(ValueError, match=f"D=48 .* kernel='{kernel}'"):
+            attn(*random_qkv(1, 1, 8, 8, 48), kernel=kernel)
     with pytest.raises(ValueError, match="mask"):
         attn(q, k, v, mask=torch.ones(16, 23, dtype=torch.bool, device="cuda"), kernel=kernel)
     with pytest.raises(TypeError, match="mask"):
@@ -392,10 +465,13 @@ def test_bad_inputs(kernel):
 
 
 @requires_gpu
-def test_bad_variant():
-    q, k, v = random_qkv(1, 1, 8, 8, 80)
+@pytest.mark.parametrize("D", [80, 40])
+def test_bad_variant(D):
+    q, k, v = random_qkv(1, 1, 8, 8, D)
     with pytest.raises(ValueError, match="variant"):
         fp32.attention(q, k, v, variant=1)
+    with pytest.raises(RuntimeError, match=f"variant must be in \\[0, 1\\) for D={D}"):
+        fp32.load().attention_fast(q, k, v, None, False, None, 1, None, False, 1)
 
 
 @requires_gpu
@@ -407,8 +483,12 @@ def test_op_checks_arguments_too():
     for kernel in KERNELS:
         op = getattr(ops, f"attention_{kernel}")
         variant = (0,) if kernel == "fast" else ()
-        with pytest.raises(RuntimeError, match="D=48"):
-            op(*q48, None, False, None, 1, None, False, *variant)
+        for D in (12, 264):
+            with pytest.raises(RuntimeError, match=f"D={D} is not supported"):
+                op(*random_qkv(1, 1, 8, 8, D), None, False, None, 1, None, False, *variant)
+        if kernel != "fast":
+            with pytest.raises(RuntimeError, match="D=48 is not supported by the versions other than the fast kernel"):
+                op(*q48, None, False, None, 1, None, False)
         with pytest.raises(RuntimeError, match="stride"):
             op(*q64, None, False, None, 0, None, False, *variant)
 

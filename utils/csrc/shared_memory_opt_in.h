@@ -3,19 +3,29 @@
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdint>
 
 namespace course {
 
+// The most dynamic shared memory a block may opt in to on every GPU the course's kernels run on:
+// 99 KiB on sm_86 and sm_89 (sm_80 allows 163 KiB, sm_90 227 KiB).
+constexpr int kSmemPerBlockEverywhere = 101376;
+
 // Opt kKernel in to `bytes` of dynamic shared memory on `device` (the current one), once: a flag per
-// kernel and device (devices past 63 opt in on every call). Call it before every launch.
+// kernel and device (devices past 63 opt in on every call). Call it before every launch. A device
+// that allows a block less than `bytes` gets a clear error, not the driver's "invalid argument".
 template <auto kKernel>
 void opt_in_shared_memory(int device, int bytes) {
   static std::atomic<uint64_t> opted_in{0};  // bit d: done on device d
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit == 0 || (opted_in.load() & bit) == 0) {
+    int limit = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    TORCH_CHECK(bytes <= limit, "this kernel's tiles need ", bytes, " bytes of shared memory per block, but GPU ",
+                device, " allows at most ", limit, ": use a smaller tile configuration (or head dim)");
     C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     opted_in.fetch_or(bit);
   }
