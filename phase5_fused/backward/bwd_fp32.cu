@@ -279,7 +279,10 @@ void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream) {
     case 64: return launch<Fp32Tile<64, 32, 64, false>>(p, D, stream);
     case 80: return launch<Fp32Tile<80, 32, 64, false>>(p, D, stream);
     case 96: return launch<Fp32Tile<96, 32, 64, false>>(p, D, stream);
-    case 128: return launch<Fp32Tile<128, 32, 64, false>>(p, D, stream);
+    case 128:  // on a GPU that gives a block less shared memory (sm_86/89: 99 KiB), the padded tiles
+      if (Fp32Tile<128, 32, 64, false>::kSmemBytes > course::shared_memory_per_block(c10::cuda::current_device()))
+        return launch_padded(p, D, stream);
+      return launch<Fp32Tile<128, 32, 64, false>>(p, D, stream);
     default: return launch_padded(p, D, stream);
   }
 }

@@ -309,6 +309,13 @@ void launch_padded(const FusedParams& p, int D, cudaStream_t stream) {
 
 int fast_variant_count(int D) { return (D == 64 || D == 128) ? 2 : 1; }
 
+// Variant 0 of D = 64 and 128 needs more shared memory than sm_86/89 give a block (99 KiB): there
+// the default is the first variant that fits this GPU.
+template <int D, int BR, int BC, int MIN_BLOCKS>
+bool fits_this_gpu() {
+  return FastConfig<D, BR, BC, MIN_BLOCKS>::kSmemBytes <= course::shared_memory_per_block(c10::cuda::current_device());
+}
+
 void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream) {
   TORCH_CHECK(variant >= 0 && variant < fast_variant_count(D), "variant must be in [0, ",
               fast_variant_count(D), ") for D=", D, ", got ", variant);
@@ -316,13 +323,13 @@ void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream) 
     // <D, Br, Bc, blocks per SM the registers are sized for>
     case 32: return launch_config<32, 64, 64, 2>(p, stream);
     case 64:
-      return variant == 0 ? launch_config<64, 128, 64, 2>(p, stream)
-                          : launch_config<64, 64, 64, 2>(p, stream);
+      return variant == 0 && fits_this_gpu<64, 128, 64, 2>() ? launch_config<64, 128, 64, 2>(p, stream)
+                                                             : launch_config<64, 64, 64, 2>(p, stream);
     case 80: return launch_config<80, 64, 64, 2>(p, stream);
     case 96: return launch_config<96, 64, 64, 2>(p, stream);
     case 128:
-      return variant == 0 ? launch_config<128, 64, 64, 1>(p, stream)
-                          : launch_config<128, 64, 32, 2>(p, stream);
+      return variant == 0 && fits_this_gpu<128, 64, 64, 1>() ? launch_config<128, 64, 64, 1>(p, stream)
+                                                             : launch_config<128, 64, 32, 2>(p, stream);
     default: return launch_padded(p, D, stream);
   }
 }
