@@ -55,6 +55,14 @@ MAX_ROWS_PER_BLOCK = 16
 WAVE_FILL = 0.95
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 1024  # decode.h kMaxSplits
+# The split kernels' cp.async ring of K and V tiles (README "More bytes in flight: a deeper ring";
+# decode.h): the CUDA-core kernel has CUDA_CORE_STAGES stages; the tensor-core kernel is compiled
+# with each count of TENSOR_CORE_STAGES and runs the deepest that the device's shared memory per
+# block holds (choose_stages). A stage is TILE_BYTES of K and TILE_BYTES of V (decode_stream.cuh
+# KvTile), each key row padded by 16 bytes.
+CUDA_CORE_STAGES = 2
+TENSOR_CORE_STAGES = (2, 3)
+TILE_BYTES = 16384
 
 
 def _register_fakes() -> None:
@@ -62,7 +70,7 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake(f"{NAME}::attention")
     def _attention_fake(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
-                        tensor_cores):
+                        tensor_cores, stages):
         B, H, Sq, _ = q.shape
         return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -78,6 +86,32 @@ load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 def sm_count(device_index: int) -> int:
     """The GPU's number of SMs (asked once per device)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def smem_per_block(device_index: int) -> int:
+    """The most shared memory one block may opt in to on the GPU, in bytes (asked once per device):
+    227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 and sm_89."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def tensor_core_smem_bytes(stages: int, D: int, itemsize: int) -> int:
+    """Shared memory of one block of the tensor-core split kernel with a ring of `stages` stages
+    (decode_split_tc.cu TcTile::smem_bytes; its final merge of the warps reuses the same bytes):
+    K and V tiles of TILE_BYTES // (D * itemsize) keys, each row D elements plus 16 bytes."""
+    keys = TILE_BYTES // (D * itemsize)
+    return 2 * stages * keys * (D * itemsize + 16)
+
+
+@functools.lru_cache(maxsize=64)
+def choose_stages(kernel: str, D: int, itemsize: int, max_smem_per_block: int) -> int:
+    """The ring's stages for `kernel` (one of KERNELS): CUDA_CORE_STAGES on CUDA cores; on tensor
+    cores the most of TENSOR_CORE_STAGES whose tiles fit max_smem_per_block bytes (smem_per_block):
+    3 on sm_80 and sm_90, 2 where a block gets 99 KB (sm_86, sm_89)."""
+    if kernel != "tensor_cores":
+        return CUDA_CORE_STAGES
+    fits = [s for s in TENSOR_CORE_STAGES if tensor_core_smem_bytes(s, D, itemsize) <= max_smem_per_block]
+    return max(fits, default=min(TENSOR_CORE_STAGES))
 
 
 def rows_per_block(rows: int) -> int:
@@ -121,7 +155,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, scale=None, num_splits=None,
-                        kernel=None):
+                        kernel=None, stages=None):
     """Shapes, dtypes and arguments first (any device, so they are testable on a CPU), then devices.
     Returns (B, H, Sq, D, H_kv, capacity). Raises TypeError / ValueError naming the argument."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -174,7 +208,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table=None, sca
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be an integer in [1, {MAX_SPLITS}] or None, got {num_splits!r}")
-    check_kernel(kernel, q.dtype, D)
+    check_stages(stages, check_kernel(kernel, q.dtype, D))
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_lengths", cache_lengths)]
     if page_table is not None:
         named.append(("page_table", page_table))
@@ -233,9 +267,18 @@ def check_kernel(kernel, dtype: torch.dtype, D: int) -> str:
     return kernel
 
 
+def check_stages(stages, kernel: str) -> None:
+    """stages (None, or a ring the kernel is compiled with), checked against the kernel."""
+    if stages is None:
+        return
+    allowed = TENSOR_CORE_STAGES if kernel == "tensor_cores" else (CUDA_CORE_STAGES,)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages not in allowed:
+        raise ValueError(f"stages must be one of {allowed} for the {kernel} kernel, or None, got {stages!r}")
+
+
 def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float | None = None,
               num_splits: int | None = None, return_lse: bool = False, check_values: bool = False,
-              kernel: str | None = None):
+              kernel: str | None = None, stages: int | None = None):
     """softmax(scale q k^T, bottom-right causal) v over each sequence's cached keys.
 
     q [B, H, Sq, D] (copied if not contiguous); k_cache, v_cache contiguous [B, H_kv, S_max, D], or
@@ -245,11 +288,13 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     count and the shape, choose_num_splits). return_lse: also return the rows' natural logsumexp
     [B, H, Sq] (float32). check_values: check cache_lengths and page_table on the host first (a GPU
     sync; without it a bad value gives NaN rows, see the module docstring). kernel: the split
-    kernel, one of KERNELS (None: choose_kernel).
+    kernel, one of KERNELS (None: choose_kernel). stages: the split kernel's ring of K/V tiles, one
+    of TENSOR_CORE_STAGES on tensor cores, CUDA_CORE_STAGES on CUDA cores (None: choose_stages,
+    the deepest the GPU's shared memory per block holds).
     Returns out [B, H, Sq, D] in q's dtype (and lse).
     """
     B, H, Sq, D, H_kv, capacity = check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table, scale,
-                                                      num_splits, kernel)
+                                                      num_splits, kernel, stages)
     kernel = kernel or choose_kernel(q.dtype, D)  # (check_decode_inputs checked a named one)
     if check_values:
         check_cache_values(cache_lengths, page_table, Sq, capacity, k_cache.shape[0])
@@ -257,10 +302,14 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
         scale = 1.0 / math.sqrt(D)
     rows = (H // H_kv) * Sq
     block_rows = rows_per_block(rows)
+    device = None
+    if num_splits is None or stages is None:
+        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if num_splits is None:
         blocks = B * H_kv * math.ceil(rows / block_rows)
-        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
         num_splits = choose_num_splits(blocks, capacity, sm_count(device))
+    if stages is None:
+        stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
-                                num_splits, block_rows, kernel == "tensor_cores")
+                                num_splits, block_rows, kernel == "tensor_cores", stages)
     return (out, lse) if return_lse else out

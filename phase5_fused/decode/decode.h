@@ -50,14 +50,22 @@ struct Params {
 // TENSOR_CORE_DTYPES name the same sets).
 inline bool tensor_core_head_dim(int64_t d) { return d == 64 || d == 128; }
 
+// Stages of the split kernels' cp.async ring of K and V tiles (decode_stream.cuh). The CUDA-core
+// kernel has two; the tensor-core kernel is compiled with 2 and 3, and the caller picks the deepest
+// the device's shared memory per block holds (decode/__init__.py: CUDA_CORE_STAGES,
+// TENSOR_CORE_STAGES, choose_stages).
+constexpr int kCudaCoreStages = 2;
+inline bool tensor_core_stages(int64_t s) { return s == 2 || s == 3; }
+
 // One decoding step. Shapes, dtypes and devices are checked by the caller; o_part / lse_part are
 // fp32 workspaces when p.num_splits > 1. Launches the split kernel (on tensor cores if asked,
-// decode_split_tc.cu), then (num_splits > 1) the merge kernel, on `stream`, and checks each launch.
-void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores,
+// decode_split_tc.cu, with a ring of `stages` stages; the CUDA-core kernel takes kCudaCoreStages),
+// then (num_splits > 1) the merge kernel, on `stream`, and checks each launch.
+void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores, int stages,
                    cudaStream_t stream);
 
-// The tensor-core split kernel alone (FP16/BF16, tensor_core_head_dim).
-void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream);
+// The tensor-core split kernel alone (FP16/BF16, tensor_core_head_dim, tensor_core_stages).
+void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, int stages, cudaStream_t stream);
 
 // The merge alone (decode_merge.cu): out and lse from the p.num_splits partials.
 void launch_merge(const Params& p, at::ScalarType dtype, int64_t D, cudaStream_t stream);

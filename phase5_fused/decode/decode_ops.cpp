@@ -2,7 +2,7 @@
 // argument, the workspaces, then the launch of decode_split.cu or decode_split_tc.cu (and
 // decode_merge.cu) on the current CUDA stream.
 //   attention(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
-//             tensor_cores) -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
+//             tensor_cores, stages) -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
 // The values of cache_lengths and page_table are not read here (that would wait for the GPU):
 // the kernel checks them and writes NaN rows for a bad sequence (phase5_fused/decode/README.md).
 #include <ATen/ATen.h>
@@ -43,7 +43,8 @@ void check_int_tensor(const at::Tensor& x, const char* name, int64_t dim, const 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                              const at::Tensor& cache_lengths,
                                              const c10::optional<at::Tensor>& page_table, double scale,
-                                             int64_t num_splits, int64_t rows_per_block, bool tensor_cores) {
+                                             int64_t num_splits, int64_t rows_per_block, bool tensor_cores,
+                                             int64_t stages) {
   // q [B, H, Sq, D]: CUDA, contiguous, float16 / bfloat16 / float32, 1 <= Sq <= 16, D supported.
   TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
@@ -95,6 +96,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               phase5_decode::kMaxSplits, "], got ", num_splits);
   TORCH_CHECK(rows_per_block >= 1 && rows_per_block <= phase5_decode::kMaxRows, "rows_per_block must be in [1, ",
               phase5_decode::kMaxRows, "], got ", rows_per_block);
+  TORCH_CHECK(tensor_cores ? phase5_decode::tensor_core_stages(stages) : stages == phase5_decode::kCudaCoreStages,
+              "stages (the split kernel's ring of K/V tiles) must be ",
+              tensor_cores ? "2 or 3 for the tensor-core kernel" : "2 for the CUDA-core kernel", ", got ", stages);
   const int64_t rows = (H / H_kv) * Sq;
   TORCH_CHECK(B * H_kv <= 65535 && (rows + rows_per_block - 1) / rows_per_block <= 65535,
               "too many sequences x KV heads (", B * H_kv, ") or query rows per KV head (", rows,
@@ -132,7 +136,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.num_pages = static_cast<int>(k_cache.size(0));
   p.max_pages = static_cast<int>(max_pages);
   p.scale_log2 = static_cast<float>(scale) * 1.4426950408889634f;
-  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, tensor_cores, c10::cuda::getCurrentCUDAStream());
+  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, tensor_cores, static_cast<int>(stages),
+                               c10::cuda::getCurrentCUDAStream());
   return {out, lse};
 }
 
@@ -140,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 
 TORCH_LIBRARY(phase5_fused_decode, m) {
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, Tensor? page_table, "
-        "float scale, int num_splits, int rows_per_block, bool tensor_cores) -> (Tensor, Tensor)");
+        "float scale, int num_splits, int rows_per_block, bool tensor_cores, int stages) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_decode, CUDA, m) { m.impl("attention", &attention); }

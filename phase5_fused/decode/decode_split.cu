@@ -9,7 +9,7 @@
 // Block (s, b * H_kv + hk, c) owns KV head hk of sequence b and the query rows that read it: the
 // G = H / H_kv query heads x Sq new tokens (R = G * Sq rows, up to kMaxRows of them per block). It
 // streams its key range of K and V through shared memory once (cp.async, 16-byte copies, double
-// buffered), runs the online softmax in FP32 with exp2 (scores pre-scaled by log2(e)), and writes
+// buffered: kStages = 2), runs the online softmax in FP32 with exp2 (scores pre-scaled by log2(e)), and writes
 // its rows' partial output O_s = sum_j p_j v_j / l and logsumexp lse_s = m + log2(l) (base 2).
 // decode_merge.cu combines the splits; with one split this kernel writes the final output itself.
 //
@@ -25,6 +25,11 @@
 
 namespace phase5_decode {
 namespace {
+
+// Shared-memory stages of K and V: two. This kernel is bound by its instruction issue, not by the
+// loads in flight (README "Why about half"), so the deeper ring of decode_split_tc.cu would buy it
+// nothing but shared memory (and blocks per SM).
+constexpr int kStages = kCudaCoreStages;
 
 // The K/V tile (decode_stream.cuh) and how this kernel's threads share its work.
 template <typename T, int D>
@@ -51,8 +56,8 @@ struct Tile : KvTile<T, D> {
 template <typename T, int D>
 constexpr size_t smem_bytes(int rows_per_block) {
   using Tl = Tile<T, D>;
-  // K and V, two stages each; the block's queries (FP32); its scores / probabilities (FP32).
-  return 4 * Tl::kTileElems * sizeof(T) + static_cast<size_t>(rows_per_block) * (D + Tl::kSStride) * sizeof(float);
+  // K and V, kStages each; the block's queries (FP32); its scores / probabilities (FP32).
+  return 2 * kStages * Tl::kTileElems * sizeof(T) + static_cast<size_t>(rows_per_block) * (D + Tl::kSStride) * sizeof(float);
 }
 
 // Maximum (op = max) or sum over the kGroup lanes of a row's group (aligned lanes of one warp).
@@ -74,9 +79,9 @@ template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) {
   using Tl = Tile<T, D>;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);                               // [2][kBc][kStride]
-  T* sV = sK + 2 * Tl::kTileElems;                                  // [2][kBc][kStride]
-  float* sQ = reinterpret_cast<float*>(sV + 2 * Tl::kTileElems);    // [R_c][D]
+  T* sK = reinterpret_cast<T*>(smem);                                     // [kStages][kBc][kStride]
+  T* sV = sK + kStages * Tl::kTileElems;                                  // [kStages][kBc][kStride]
+  float* sQ = reinterpret_cast<float*>(sV + kStages * Tl::kTileElems);    // [R_c][D]
   float* sS = sQ + p.rows_per_block * D;                            // [R_c][kSStride]
 
   const int tid = threadIdx.x;
@@ -113,21 +118,19 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     const T* q = static_cast<const T*>(p.q) + grow0 * D;
     for (int idx = tid; idx < rows * D; idx += kThreads) sQ[idx] = to_float(q[idx]) * p.scale_log2;
 
-    // 4. K and V stream through two stages of shared memory (decode_stream.cuh): a tile's rows
-    //    at or past `end` are zero-filled.
-    const KvStream<T, D, kPaged> stream{p, b, hk, bh, end, sK, sV};
+    // 4. K and V stream through the two stages of shared memory (decode_stream.cuh's ring): a
+    //    tile's rows at or past `end` are zero-filled.
+    const KvStream<T, D, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
 
     const int num_tiles = course::ceil_div(end - start, Tl::kBc);
-    if (num_tiles > 0) stream.load(start, 0);
-    course::cp_async_commit();
+    stream.prologue(num_tiles);
     for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t & 1;
+      const int stage = stream.stage(t);
       const int tile_start = start + t * Tl::kBc;
       // 5. Start copying the next tile into the other stage; it lands while this one is used.
-      if (t + 1 < num_tiles) stream.load(tile_start + Tl::kBc, stage ^ 1);
-      course::cp_async_commit();
+      stream.fetch_ahead(t, num_tiles);
       // 6. Wait for this tile's copies (all groups but the newest), then for every thread's.
-      course::cp_async_wait<1>();
+      course::cp_async_wait<kStages - 1>();
       __syncthreads();
 
       // 7. Scores s = (scale log2(e) q) . k for this thread's key and rows, masked bottom-right
@@ -270,13 +273,14 @@ void launch_for_head_dim(const Params& p, int64_t D, bool paged, cudaStream_t st
 
 }  // namespace
 
-void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores,
+void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores, int stages,
                    cudaStream_t stream) {
   if (tensor_cores) {
-    launch_split_tc(p, dtype, D, paged, stream);
+    launch_split_tc(p, dtype, D, paged, stages, stream);
     if (p.num_splits > 1) launch_merge(p, dtype, D, stream);
     return;
   }
+  TORCH_CHECK(stages == kStages, "the CUDA-core decode kernel has a ring of ", kStages, " stages, got ", stages);
   switch (dtype) {
     case at::kHalf: launch_for_head_dim<__half>(p, D, paged, stream); break;
     case at::kBFloat16: launch_for_head_dim<__nv_bfloat16>(p, D, paged, stream); break;

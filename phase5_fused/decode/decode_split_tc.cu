@@ -16,6 +16,22 @@
 //   O_w += P V_w (P from the accumulators as A fragments, V_w through ldmatrix.trans).
 // At the end the 4 warps' (m, l, O) are merged through shared memory exactly as decode_merge.cu
 // merges splits, and the block writes its rows (store_result).
+//
+// K and V stream through a ring of kStages stages (decode_stream.cuh): 3 where the device lets a
+// block hold them, so that the copies of two tiles (64 KB) are in flight while one is used, and of
+// three while the block waits. The arithmetic (README "More bytes in flight: a deeper ring"):
+// a stage is 16 KB of K and 16 KB of V plus the rows' 16-byte padding, 34 KB at D = 128 and 36 KB
+// at D = 64 (FP16 and BF16 alike), so a block takes
+//     stages   D = 128    D = 64
+//       2       68 KB      72 KB     fits every GPU with cp.async (sm_86 / sm_89: 99 KB a block)
+//       3      102 KB     108 KB     sm_80 (163 KB a block), sm_90 (227 KB): two blocks per SM
+//       4      136 KB     144 KB     sm_90 only, and one block per SM (228 KB per SM, 1 KB of it
+//                                    reserved per block)
+// Both 2 and 3 are compiled (decode.h tensor_core_stages); decode/__init__.py's choose_stages
+// picks the deepest that fits the device's limit per block, so sm_80 and sm_90 run 3 and sm_86 /
+// sm_89 fall back to 2. Four stages would give a lone block one more tile in flight and
+// cost sm_90 the second block per SM (at B = 64 the grid's 512 blocks are two waves of 264, not
+// four of 132, and one block's set-up and final merge no longer hide behind the other's copies).
 #include <cmath>
 
 #include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx
@@ -39,16 +55,17 @@ struct TcTile : KvTile<T, D> {
   static_assert(kKeys % 16 == 0, "a warp's slice is whole k16 steps of P V");
   // The merge of the warps' results reuses the K/V tiles: O [kWarps][16][D] and m, l [kWarps][16].
   static constexpr size_t kMergeBytes = static_cast<size_t>(kWarps) * kTileRows * (D + 2) * sizeof(float);
-  static constexpr size_t kSmemBytes = 4 * static_cast<size_t>(kTileElems) * sizeof(T);
-  static_assert(kMergeBytes <= kSmemBytes, "the merge fits in the K/V tiles");
+  // The block's shared memory: kStages stages of K and V (decode/__init__.py's tensor_core_smem_bytes).
+  static constexpr size_t smem_bytes(int stages) { return 2 * static_cast<size_t>(stages) * kTileElems * sizeof(T); }
+  static_assert(kMergeBytes <= smem_bytes(2), "the merge fits in the K/V tiles of the shallowest ring");
 };
 
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, int kStages>
 __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params p) {
   using Tl = TcTile<T, D>;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);       // [2][kBc][kStride]
-  T* sV = sK + 2 * Tl::kTileElems;          // [2][kBc][kStride]
+  T* sK = reinterpret_cast<T*>(smem);       // [kStages][kBc][kStride]
+  T* sV = sK + kStages * Tl::kTileElems;    // [kStages][kBc][kStride]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32, lane = tid % 32;
@@ -89,17 +106,18 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
     // The last key rows g and g + 8 see (bottom-right causal: key j <= L - Sq + i for query i).
     const int limit[2] = {L - p.Sq + (row0 + g) % p.Sq, L - p.Sq + (row0 + g + 8) % p.Sq};
 
-    // 3. K and V stream through two stages of shared memory, as in decode_split.cu.
-    const KvStream<T, D, kPaged> stream{p, b, hk, bh, end, sK, sV};
+    // 3. K and V stream through the ring of kStages stages of shared memory (decode_stream.cuh):
+    //    tiles 0 .. kStages-2 first; at the top of each iteration the copies of the tile kStages - 1
+    //    ahead start (into the stage the last iteration used), then the wait for this tile's copies
+    //    (the kStages - 1 younger groups may still fly) and the barrier that shows it to all warps.
+    const KvStream<T, D, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
     const int num_tiles = course::ceil_div(end - start, Tl::kBc);
-    if (num_tiles > 0) stream.load(start, 0);
-    course::cp_async_commit();
+    stream.prologue(num_tiles);
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile & 1;
+      const int stage = stream.stage(tile);
       const int key0 = start + tile * Tl::kBc + warp * Tl::kKeys;  // this warp's first key
-      if (tile + 1 < num_tiles) stream.load(start + (tile + 1) * Tl::kBc, stage ^ 1);
-      course::cp_async_commit();
-      course::cp_async_wait<1>();
+      stream.fetch_ahead(tile, num_tiles);
+      course::cp_async_wait<kStages - 1>();
       __syncthreads();
       const T* k_slice = sK + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
       const T* v_slice = sV + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
@@ -180,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
           tc::mma_16816<T>(o[2 * n + 1], pa, vb[2], vb[3]);
         }
       }
-      // 7. Every warp is done with this stage before the next copy overwrites it.
+      // 7. Every warp is done with this stage before the next fetch_ahead overwrites it.
       __syncthreads();
     }
   }
@@ -237,27 +255,49 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
   }
 }
 
+template <typename T, int D, bool kPaged, int kStages>
+void launch_ring(const Params& p, cudaStream_t stream) {
+  constexpr size_t kSmem = TcTile<T, D>::smem_bytes(kStages);
+  launch_split_grid<decode_split_tc_kernel<T, D, kPaged, kStages>, kSmem>(p, kSmem, stream);
+}
+
+// The ring of `stages` stages (tensor_core_stages; the caller chose it from the device's limit),
+// checked against that limit here too, so a direct call of the op gets a message, not a failed launch.
 template <typename T, int D, bool kPaged>
-void launch_split_tc(const Params& p, cudaStream_t stream) {
-  constexpr size_t kSmem = TcTile<T, D>::kSmemBytes;
-  launch_split_grid<decode_split_tc_kernel<T, D, kPaged>, kSmem>(p, kSmem, stream);
+void launch_split_tc(const Params& p, int stages, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const size_t need = TcTile<T, D>::smem_bytes(stages);
+  const int limit = max_shared_memory_per_block(device);
+  TORCH_CHECK(need <= static_cast<size_t>(limit), "stages=", stages, " needs ", need, " bytes of shared memory per "
+              "block at D=", D, ", and this GPU allows ", limit, ": use fewer stages (decode.choose_stages)");
+  if (stages == 3) {
+    launch_ring<T, D, kPaged, 3>(p, stream);
+  } else {
+    launch_ring<T, D, kPaged, 2>(p, stream);
+  }
 }
 
 template <typename T>
-void launch_tc_for_head_dim(const Params& p, int64_t D, bool paged, cudaStream_t stream) {
+void launch_tc_for_head_dim(const Params& p, int64_t D, bool paged, int stages, cudaStream_t stream) {
   switch (D) {
-    case 64: paged ? launch_split_tc<T, 64, true>(p, stream) : launch_split_tc<T, 64, false>(p, stream); break;
-    case 128: paged ? launch_split_tc<T, 128, true>(p, stream) : launch_split_tc<T, 128, false>(p, stream); break;
+    case 64:
+      paged ? launch_split_tc<T, 64, true>(p, stages, stream) : launch_split_tc<T, 64, false>(p, stages, stream);
+      break;
+    case 128:
+      paged ? launch_split_tc<T, 128, true>(p, stages, stream) : launch_split_tc<T, 128, false>(p, stages, stream);
+      break;
     default: TORCH_CHECK(false, "head dim D=", D, " (q.size(3)) has no tensor-core decode kernel: use 64 or 128");
   }
 }
 
 }  // namespace
 
-void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, cudaStream_t stream) {
+void launch_split_tc(const Params& p, at::ScalarType dtype, int64_t D, bool paged, int stages, cudaStream_t stream) {
+  TORCH_CHECK(tensor_core_stages(stages), "the tensor-core decode kernel has rings of 2 or 3 stages, got ", stages);
   switch (dtype) {
-    case at::kHalf: launch_tc_for_head_dim<__half>(p, D, paged, stream); break;
-    case at::kBFloat16: launch_tc_for_head_dim<__nv_bfloat16>(p, D, paged, stream); break;
+    case at::kHalf: launch_tc_for_head_dim<__half>(p, D, paged, stages, stream); break;
+    case at::kBFloat16: launch_tc_for_head_dim<__nv_bfloat16>(p, D, paged, stages, stream); break;
     default: TORCH_CHECK(false, "the tensor-core decode kernel takes float16 or bfloat16, got ", dtype);
   }
 }

@@ -1,10 +1,13 @@
 // What both split kernels share (decode_split.cu on CUDA cores, decode_split_tc.cu on tensor
-// cores): which keys a split owns, the page-table check, and the double-buffered copy of K and V
-// tiles into shared memory (cp.async, 16 bytes per copy, rows padded by 16 bytes).
+// cores): which keys a split owns, the page-table check, and the copy of K and V tiles into a ring
+// of kStages shared-memory stages (cp.async, 16 bytes per copy, rows padded by 16 bytes; 2 stages
+// on CUDA cores, 3 on tensor cores where the device has the shared memory: README "More bytes in
+// flight: a deeper ring").
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -59,15 +62,53 @@ __device__ __forceinline__ bool split_keys(const Params& p, int b, int split, in
   return __syncthreads_or(bad) != 0;
 }
 
-// Streams the K and V rows of KV head hk of sequence b (bh = b * H_kv + hk) through a two-stage
-// ring of shared-memory tiles sK, sV [2][kBc][kStride].
-template <typename T, int D, bool kPaged>
+// Streams the K and V rows of KV head hk of sequence b (bh = b * H_kv + hk), keys [start, end),
+// through a ring of kStages shared-memory tiles sK, sV [kStages][kBc][kStride], one cp.async commit
+// group per tile. Both split kernels run the ring the same way:
+//
+//   prologue(num_tiles)                     tiles 0 .. kStages-2 in flight
+//   for tile t:
+//     fetch_ahead(t, num_tiles)             tile t + kStages - 1 into stage (t - 1) % kStages, which
+//                                           every warp left at the barrier closing iteration t - 1
+//     cp_async_wait<kStages - 1>()          this thread's copies of tile t have landed (the
+//                                           kStages - 1 younger groups may still fly) ...
+//     __syncthreads()                       ... and every thread's: tile t is visible to all
+//     use stage(t)
+//     __syncthreads()                       no warp reads stage(t) when the next fetch_ahead refills it
+//
+// Every call commits a group, empty past the last tile, so the count in the wait is the same for
+// every t. The copies of the kStages - 1 tiles after t are in flight while tile t is used, and
+// those of kStages tiles while the block waits for it. With kStages = 2 this is the double buffer
+// of the first version (copy tile t + 1, wait for tile t).
+template <typename T, int D, bool kPaged, int kStages>
 struct KvStream {
+  static_assert(kStages >= 2, "a ring of at least two stages: one used, one being filled");
   using Tile = KvTile<T, D>;
   const Params& p;
-  int b, hk, bh, end;
+  int b, hk, bh, start, end;
   T* sK;
   T* sV;
+
+  // The stage tile t lives in.
+  static __device__ __forceinline__ int stage(int tile) {
+    return static_cast<int>(static_cast<unsigned>(tile) % kStages);
+  }
+
+  // Tiles 0 .. kStages-2 into stages 0 .. kStages-2, one group each (empty past num_tiles).
+  __device__ __forceinline__ void prologue(int num_tiles) const {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_tiles) load(start + s * Tile::kBc, s);
+      course::cp_async_commit();
+    }
+  }
+
+  // Top of iteration `tile`: start the copies of tile + kStages - 1 (if there is one), one group.
+  __device__ __forceinline__ void fetch_ahead(int tile, int num_tiles) const {
+    const int ahead = tile + kStages - 1;
+    if (ahead < num_tiles) load(start + ahead * Tile::kBc, stage(ahead));
+    course::cp_async_commit();
+  }
 
   // Element offset of key `key` in the cache: through the page table, or in the contiguous
   // [B, H_kv, S_max, D] layout.
@@ -115,6 +156,18 @@ __device__ __forceinline__ void store_result(const Params& p, int split, int64_t
     store_from_float<kN>(p.o_part + at * D + col, out);
     if (with_lse) p.lse_part[at] = lse2;
   }
+}
+
+// The most dynamic shared memory one block may opt in to on `device`
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 and
+// sm_89), asked once per device (devices past 63 on every call).
+inline int max_shared_memory_per_block(int device) {
+  static std::atomic<int> limits[64];  // 0: not asked yet
+  if (device < 64 && limits[device].load() > 0) return limits[device].load();
+  int bytes = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (device < 64) limits[device].store(bytes);
+  return bytes;
 }
 
 // Launch split kernel kKernel on the (split, sequence x KV head, row chunk) grid with `smem` bytes

@@ -1,8 +1,10 @@
-"""Every instantiation of the decoding kernels (split kernel x dtype x D x contiguous / paged, one
-split and the merge), once, on small awkward sizes, checked against the float64 reference; run under
-compute-sanitizer by `python -m utils.sanitize phase5_fused.decode` (memcheck + racecheck).
+"""Every instantiation of the decoding kernels (split kernel x dtype x D x contiguous / paged x,
+on tensor cores, each ring of TENSOR_CORE_STAGES that fits the GPU; one split and the merge), once, on
+small awkward sizes, checked against the float64 reference; run under compute-sanitizer by
+`python -m utils.sanitize phase5_fused.decode` (memcheck + racecheck).
 
-Sizes: ragged lengths (Sq, a tail inside a tile, a tile edge plus one, a longer one), a cache with
+Sizes: ragged lengths (Sq, a tail inside a tile, a tile edge plus one, a longer one whose single
+split wraps every kernel's ring of stages at least once: 5 tiles at D = 64), a cache with
 spare capacity, pages shuffled with free pages, GQA with 3 query heads per KV head and Sq = 5
 (15 rows: one short block), more splits than some sequences have tiles (empty splits; 40 splits
 are more than the merge's eight warps load in one round), and a bad length and a bad page entry
@@ -25,19 +27,24 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU visible: nothing to sanitize")
         return 0
-    Sq, lengths = 5, [5, 70, 129, 300]
+    Sq, lengths = 5, [5, 70, 129, 520]
     cases = 0
+    device_smem = decode.smem_per_block(torch.cuda.current_device())
     for dtype in decode.DTYPES:
         for D in decode.SUPPORTED_D:
-            kernels = {"cuda_cores", decode.choose_kernel(dtype, D)}
+            rings = [("cuda_cores", decode.CUDA_CORE_STAGES)]
+            if decode.choose_kernel(dtype, D) == "tensor_cores":
+                rings += [("tensor_cores", s) for s in decode.TENSOR_CORE_STAGES
+                          if decode.tensor_core_smem_bytes(s, D, dtype.itemsize) <= device_smem]
             for page_size in (None, 16):
                 q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, D, dtype, page_size, spare=40)
                 ref = reference.decode_attention(q, k, v, n, page_table=table)
-                for kernel in sorted(kernels):
+                for kernel, stages in rings:
                     for splits in (1, 3, 40):  # 40: the merge's warps each take two rounds of splits
-                        out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel)
+                        out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel,
+                                               stages=stages)
                         assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
-                                     seed_info=f"{info} {kernel} splits={splits}")
+                                     seed_info=f"{info} {kernel} stages={stages} splits={splits}")
                         cases += 1
     # The NaN path: a length past the capacity, a page entry past the cache.
     q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, 64, torch.float16, 16, spare=40)

@@ -66,10 +66,11 @@ def run(q, k, v, lengths, table, **kwargs):
                          (B, H, Sq, D), (B, H, Sq), (splits, B * H * Sq, D), (splits, B * H * Sq))
 
 
-def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=None):
+def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=None, stages=None):
     if kernel is not None and kernel != decode.choose_kernel(q.dtype, q.shape[-1]) and kernel != "cuda_cores":
         pytest.skip(f"no {kernel} kernel for {q.dtype} at D={q.shape[-1]}")
-    out, lse = run(q, k, v, lengths, table, scale=scale, num_splits=num_splits, return_lse=True, kernel=kernel)
+    out, lse = run(q, k, v, lengths, table, scale=scale, num_splits=num_splits, return_lse=True, kernel=kernel,
+                   stages=stages)
     ref, ref_lse = reference.decode_attention(q, k, v, lengths, page_table=table, scale=scale, return_lse=True)
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
@@ -105,6 +106,22 @@ def test_head_dims_and_dtypes(kernel, Sq, D, dtype, layout):
     check(*case, kernel=kernel)
     check(*case, num_splits=1, kernel=kernel)
     check(*case, num_splits=5, kernel=kernel)
+
+
+@requires_gpu
+@pytest.mark.parametrize("layout", [None, 16], ids=["contiguous", "paged16"])
+@pytest.mark.parametrize("dtype", decode.TENSOR_CORE_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("D", decode.TENSOR_CORE_D)
+@pytest.mark.parametrize("stages", decode.TENSOR_CORE_STAGES)
+def test_tensor_core_ring_depths(stages, D, dtype, layout):
+    """Every ring the tensor-core kernel is compiled with, whichever the GPU would choose: splits of
+    many tiles (the ring wraps several times), of a few, of one, of none (more splits than tiles)."""
+    smem = decode.tensor_core_smem_bytes(stages, D, dtype.itemsize)
+    if smem > decode.smem_per_block(torch.cuda.current_device()):
+        pytest.skip(f"{stages} stages need {smem} bytes of shared memory per block, more than this GPU has")
+    case = make_case([2000, 2, 130, 777], 8, 2, 2, D, dtype, layout)
+    for num_splits in (1, 3, 40):
+        check(*case, num_splits=num_splits, kernel="tensor_cores", stages=stages)
 
 
 @requires_gpu
@@ -228,7 +245,7 @@ def test_fake_tensor_shapes():
         q = torch.empty(2, 8, 3, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 2, 40, 64, dtype=torch.bfloat16, device="cuda")
         lengths = torch.empty(2, dtype=torch.int32, device="cuda")
-        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12, True)
+        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12, True, 3)
     assert out.shape == (2, 8, 3, 64) and out.dtype == torch.bfloat16
     assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
 
@@ -320,6 +337,10 @@ BAD_INPUTS = {
     "kernel name": (lambda q, k, v, n: (q, k, v, n), {"kernel": "wgmma"}, ValueError, "kernel must be one of"),
     "kernel for FP32": (lambda q, k, v, n: (q.float(), k.float(), v.float(), n), {"kernel": "tensor_cores"},
                         ValueError, "kernel='tensor_cores' takes"),
+    "stages": (lambda q, k, v, n: (q, k, v, n), {"stages": 4}, ValueError, "stages must be one of"),
+    "stages not an int": (lambda q, k, v, n: (q, k, v, n), {"stages": 3.0}, ValueError, "stages must be one of"),
+    "stages for CUDA cores": (lambda q, k, v, n: (q, k, v, n), {"stages": 3, "kernel": "cuda_cores"}, ValueError,
+                              "stages must be one of .* cuda_cores"),
     "on the CPU": (lambda q, k, v, n: (q, k, v, n), {}, ValueError, "must be a CUDA tensor"),
 }
 
@@ -389,6 +410,34 @@ def test_split_heuristic():
             assert n == 1 or capacity // n >= decode.MIN_KEYS_PER_SPLIT
 
 
+# The most shared memory per block (opted in) and per SM, in bytes, and what each block of an SM
+# reserves besides its own (sm_90: 1 KB).
+SMEM = {"sm_90": (227 * 1024, 228 * 1024), "sm_80": (163 * 1024, 164 * 1024), "sm_86": (99 * 1024, 100 * 1024)}
+RESERVED_PER_BLOCK = 1024
+
+
+def test_stage_choice():
+    """The ring of the tensor-core kernel: the deepest of TENSOR_CORE_STAGES that the device's shared
+    memory per block holds (3 on sm_80 and sm_90, 2 on sm_86 / sm_89); CUDA cores keep 2."""
+    # 16 KB of K and of V per stage, plus 16 bytes per key row: 34 KB at D = 128, 36 KB at D = 64.
+    assert decode.tensor_core_smem_bytes(2, 128, 2) == 68 * 1024
+    assert decode.tensor_core_smem_bytes(3, 128, 2) == 102 * 1024
+    assert decode.tensor_core_smem_bytes(3, 64, 2) == 108 * 1024
+    for D in decode.TENSOR_CORE_D:
+        for dtype in decode.TENSOR_CORE_DTYPES:
+            choose = lambda arch: decode.choose_stages("tensor_cores", D, dtype.itemsize, SMEM[arch][0])  # noqa: E731
+            assert choose("sm_90") == choose("sm_80") == max(decode.TENSOR_CORE_STAGES) == 3
+            assert choose("sm_86") == 2
+            assert decode.choose_stages("tensor_cores", D, dtype.itemsize, 0) == min(decode.TENSOR_CORE_STAGES)
+            # The deepest ring still leaves sm_90 two blocks per SM (a fourth stage would not).
+            per_sm = SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(3, D, dtype.itemsize) + RESERVED_PER_BLOCK)
+            assert per_sm == 2
+            assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(4, D, dtype.itemsize) + RESERVED_PER_BLOCK) == 1
+    for D in decode.SUPPORTED_D:
+        for arch in SMEM:
+            assert decode.choose_stages("cuda_cores", D, 4, SMEM[arch][0]) == decode.CUDA_CORE_STAGES == 2
+
+
 def test_rows_per_block_chunks_evenly():
     assert decode.rows_per_block(1) == 1
     assert decode.rows_per_block(16) == 16
@@ -433,6 +482,8 @@ def test_bad_devices_and_layouts(case, message):
     ({"rows_per_block": 17}, "rows_per_block"),
     ({"lengths_dtype": torch.int64}, "cache_lengths must be int32"),
     ({"tensor_cores": True, "dtype": torch.float32}, "tensor-core kernel takes"),
+    ({"tensor_cores": True, "stages": 4}, "stages"),
+    ({"stages": 3}, "stages"),
 ])
 def test_the_op_checks_again(args, message):
     """The C++ op repeats the checks (TORCH_CHECK) for callers that skip the Python API."""
@@ -444,4 +495,5 @@ def test_the_op_checks_again(args, message):
     lengths = torch.full((2,), 32, dtype=args.get("lengths_dtype", torch.int32), device="cuda")
     with pytest.raises(RuntimeError, match=message):
         decode.load().attention(q, k, k, lengths, table, 0.125, args.get("num_splits", 1),
-                                args.get("rows_per_block", 8), args.get("tensor_cores", False))
+                                args.get("rows_per_block", 8), args.get("tensor_cores", False),
+                                args.get("stages", 2))
