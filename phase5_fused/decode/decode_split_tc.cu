@@ -268,7 +268,7 @@ void launch_split_tc(const Params& p, int stages, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const size_t need = TcTile<T, D>::smem_bytes(stages);
-  const int limit = max_shared_memory_per_block(device);
+  const int limit = course::shared_memory_per_block(device);
   TORCH_CHECK(need <= static_cast<size_t>(limit), "stages=", stages, " needs ", need, " bytes of shared memory per "
               "block at D=", D, ", and this GPU allows ", limit, ": use fewer stages (decode.choose_stages)");
   if (stages == 3) {

@@ -7,7 +7,6 @@
 
 #include <c10/cuda/CUDAException.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -156,18 +155,6 @@ __device__ __forceinline__ void store_result(const Params& p, int split, int64_t
     store_from_float<kN>(p.o_part + at * D + col, out);
     if (with_lse) p.lse_part[at] = lse2;
   }
-}
-
-// The most dynamic shared memory one block may opt in to on `device`
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 and
-// sm_89), asked once per device (devices past 63 on every call).
-inline int max_shared_memory_per_block(int device) {
-  static std::atomic<int> limits[64];  // 0: not asked yet
-  if (device < 64 && limits[device].load() > 0) return limits[device].load();
-  int bytes = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (device < 64) limits[device].store(bytes);
-  return bytes;
 }
 
 // Launch split kernel kKernel on the (split, sequence x KV head, row chunk) grid with `smem` bytes
