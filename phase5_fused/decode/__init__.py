@@ -104,12 +104,16 @@ def tensor_core_smem_bytes(stages: int, D: int, itemsize: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def choose_stages(kernel: str, D: int, itemsize: int, max_smem_per_block: int) -> int:
-    """The ring's stages for `kernel` (one of KERNELS): CUDA_CORE_STAGES on CUDA cores; on tensor
-    cores the most of TENSOR_CORE_STAGES whose tiles fit max_smem_per_block bytes (smem_per_block):
-    3 on sm_80 and sm_90, 2 where a block gets 99 KB (sm_86, sm_89)."""
+def choose_stages(kernel: str, D: int, itemsize: int, max_smem_per_block: int, blocks: int, sms: int) -> int:
+    """The ring's stages for `kernel` (one of KERNELS) on a grid of `blocks` blocks and a GPU of
+    `sms` SMs: CUDA_CORE_STAGES on CUDA cores; on tensor cores the most of TENSOR_CORE_STAGES whose
+    tiles fit max_smem_per_block bytes (3 on sm_80 and sm_90, 2 where a block gets 99 KB: sm_86,
+    sm_89), but only where the grid has more blocks than SMs. With one block per SM or fewer the
+    README's measurement found the deeper ring no faster (slower on a paged cache): 2 there."""
     if kernel != "tensor_cores":
         return CUDA_CORE_STAGES
+    if blocks <= sms:
+        return min(TENSOR_CORE_STAGES)
     fits = [s for s in TENSOR_CORE_STAGES if tensor_core_smem_bytes(s, D, itemsize) <= max_smem_per_block]
     return max(fits, default=min(TENSOR_CORE_STAGES))
 
@@ -305,11 +309,12 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     device = None
     if num_splits is None or stages is None:
         device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    blocks = B * H_kv * math.ceil(rows / block_rows)  # per split
     if num_splits is None:
-        blocks = B * H_kv * math.ceil(rows / block_rows)
         num_splits = choose_num_splits(blocks, capacity, sm_count(device))
     if stages is None:
-        stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device))
+        stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device), blocks * num_splits,
+                               sm_count(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
                                 num_splits, block_rows, kernel == "tensor_cores", stages)
     return (out, lse) if return_lse else out

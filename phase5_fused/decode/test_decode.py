@@ -417,25 +417,29 @@ RESERVED_PER_BLOCK = 1024
 
 
 def test_stage_choice():
-    """The ring of the tensor-core kernel: the deepest of TENSOR_CORE_STAGES that the device's shared
-    memory per block holds (3 on sm_80 and sm_90, 2 on sm_86 / sm_89); CUDA cores keep 2."""
+    """The ring of the tensor-core kernel: on a grid of more blocks than SMs, the deepest of
+    TENSOR_CORE_STAGES that the device's shared memory per block holds (3 on sm_80 and sm_90, 2 on
+    sm_86 / sm_89); 2 on a grid of one block per SM or fewer; CUDA cores keep 2."""
     # 16 KB of K and of V per stage, plus 16 bytes per key row: 34 KB at D = 128, 36 KB at D = 64.
     assert decode.tensor_core_smem_bytes(2, 128, 2) == 68 * 1024
     assert decode.tensor_core_smem_bytes(3, 128, 2) == 102 * 1024
     assert decode.tensor_core_smem_bytes(3, 64, 2) == 108 * 1024
+    sms = 132
     for D in decode.TENSOR_CORE_D:
         for dtype in decode.TENSOR_CORE_DTYPES:
-            choose = lambda arch: decode.choose_stages("tensor_cores", D, dtype.itemsize, SMEM[arch][0])  # noqa: E731
+            def choose(arch, blocks=512):
+                return decode.choose_stages("tensor_cores", D, dtype.itemsize, SMEM[arch][0], blocks, sms)
             assert choose("sm_90") == choose("sm_80") == max(decode.TENSOR_CORE_STAGES) == 3
             assert choose("sm_86") == 2
-            assert decode.choose_stages("tensor_cores", D, dtype.itemsize, 0) == min(decode.TENSOR_CORE_STAGES)
+            assert choose("sm_90", blocks=sms) == choose("sm_90", blocks=8) == 2  # one block per SM or fewer
+            assert decode.choose_stages("tensor_cores", D, dtype.itemsize, 0, 512, sms) == min(decode.TENSOR_CORE_STAGES)
             # The deepest ring still leaves sm_90 two blocks per SM (a fourth stage would not).
             per_sm = SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(3, D, dtype.itemsize) + RESERVED_PER_BLOCK)
             assert per_sm == 2
             assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(4, D, dtype.itemsize) + RESERVED_PER_BLOCK) == 1
     for D in decode.SUPPORTED_D:
         for arch in SMEM:
-            assert decode.choose_stages("cuda_cores", D, 4, SMEM[arch][0]) == decode.CUDA_CORE_STAGES == 2
+            assert decode.choose_stages("cuda_cores", D, 4, SMEM[arch][0], 512, sms) == decode.CUDA_CORE_STAGES == 2
 
 
 def test_rows_per_block_chunks_evenly():
