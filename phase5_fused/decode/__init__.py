@@ -53,6 +53,9 @@ MAX_ROWS_PER_BLOCK = 16
 # Split heuristic (choose_num_splits): the fewest splits whose blocks fill the SMs' waves to at
 # least WAVE_FILL on average, each split at least MIN_KEYS_PER_SPLIT keys.
 WAVE_FILL = 0.95
+# A paged cache fills PAGED_BLOCKS_PER_SM blocks per SM: each tile's copies wait on a page-table
+# load first, and a lone block per SM cannot hide it (README "How many splits: measured").
+PAGED_BLOCKS_PER_SM = 2
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 1024  # decode.h kMaxSplits
 # The split kernels' cp.async ring of K and V tiles (README "More bytes in flight: a deeper ring";
@@ -126,7 +129,7 @@ def rows_per_block(rows: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_num_splits(blocks_per_split: int, capacity: int, sms: int) -> int:
+def choose_num_splits(blocks_per_split: int, capacity: int, sms: int, paged: bool = False) -> int:
     """How many ranges to cut each sequence's keys into.
 
     blocks_per_split: the blocks one split launches (B * H_kv * row chunks); capacity: the keys a
@@ -136,13 +139,15 @@ def choose_num_splits(blocks_per_split: int, capacity: int, sms: int) -> int:
     n / (ceil(n / sms) * sms), is the share of the GPU the step uses. The answer is the fewest
     splits whose fill reaches WAVE_FILL (each split adds partials to merge: the README's splits
     table measured one wave of blocks as fast as several), none shorter than MIN_KEYS_PER_SPLIT
-    keys of the capacity; where no count reaches it, the count of the best fill.
+    keys of the capacity; where no count reaches it, the count of the best fill. A paged cache
+    fills PAGED_BLOCKS_PER_SM blocks per SM instead of one (waves of that many times sms blocks).
     """
     most = max(1, min(capacity // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    slots = sms * (PAGED_BLOCKS_PER_SM if paged else 1)
     best, best_fill = 1, 0.0
     for splits in range(1, most + 1):
         blocks = blocks_per_split * splits
-        fill = blocks / (math.ceil(blocks / sms) * sms)
+        fill = blocks / (math.ceil(blocks / slots) * slots)
         if fill >= WAVE_FILL:
             return splits
         if fill > best_fill:
@@ -311,7 +316,7 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
         device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     blocks = B * H_kv * math.ceil(rows / block_rows)  # per split
     if num_splits is None:
-        num_splits = choose_num_splits(blocks, capacity, sm_count(device))
+        num_splits = choose_num_splits(blocks, capacity, sm_count(device), page_table is not None)
     if stages is None:
         stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device), blocks * num_splits,
                                sm_count(device))

@@ -162,7 +162,9 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
         ref = reference.decode_attention(q, k, v, lengths) if B * H * S <= REFERENCE_LIMIT else None
         blocks = B * H_KV * math.ceil(H // H_KV * SQ / decode.rows_per_block(H // H_KV * SQ))
-        splits = decode.choose_num_splits(blocks, S, decode.sm_count(torch.cuda.current_device()))
+        sms = decode.sm_count(torch.cuda.current_device())
+        splits = decode.choose_num_splits(blocks, S, sms)
+        paged_splits = decode.choose_num_splits(blocks, S, sms, paged=True)
         rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits),
                 decode_row("phase5_decode_cuda_cores", ours_cuda_cores, (q, k, v, lengths), B, S, ref,
                            num_splits=splits)]
@@ -197,7 +199,7 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         torch.cuda.empty_cache()
         paged = lambda q_, k_, v_, n_: decode.attention(q_, k_, v_, n_, page_table=table)  # noqa: E731
         rows.append(decode_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,
-                               num_splits=splits, page_size=PAGE_SIZE))
+                               num_splits=paged_splits, page_size=PAGE_SIZE))
         del q, k_pages, v_pages, table
         torch.cuda.empty_cache()
         return rows
