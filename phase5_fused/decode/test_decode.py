@@ -404,7 +404,7 @@ def test_split_heuristic():
     assert decode.choose_num_splits(3 * 8, 131072, sms) == 11            # 264 blocks, two full waves
     assert decode.choose_num_splits(8, 17, sms) == 1                     # too few keys to split
     assert decode.choose_num_splits(16 * 8, 32768, sms, paged=True) == 2  # paged: two blocks per SM
-    assert decode.choose_num_splits(8, 131072, sms, paged=True) == 33     # 264 blocks on 132 SMs
+    assert decode.choose_num_splits(8, 131072, sms, paged=True) == 32     # 256 blocks, two on most SMs
     assert decode.choose_num_splits(64 * 8, 4096, sms, paged=True) == 1
     for blocks in (1, 7, 100, 300):
         for capacity in (1, 300, 5000, 10**6):
