@@ -219,10 +219,9 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
       const int64_t row = i0 + ty + kTY * a;
       if (row >= p.Sq) continue;
 #pragma unroll
-      for (int c = 0; c < TD; ++c) {
-        const int col = tx + kTX * c;
-        if (!Cfg::kPadded || col < head_dim) atomicAdd(dq + row * head_dim + col, p.scale * dqa[a][c]);
-      }
+      for (int c = 0; c < TD; ++c)
+        if (!Cfg::kPadded || tx + kTX * c < head_dim)
+          atomicAdd(dq + row * head_dim + tx + kTX * c, p.scale * dqa[a][c]);
     }
   }
 
@@ -236,10 +235,9 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
     float* dv_row = static_cast<float*>(p.dv) + (bh * p.Sk + key) * head_dim;
 #pragma unroll
     for (int c = 0; c < TD; ++c) {
-      const int col = tx + kTX * c;
-      if (Cfg::kPadded && col >= head_dim) continue;
-      dk_row[col] = p.scale * dk[a][c];
-      dv_row[col] = dv[a][c];
+      if (Cfg::kPadded && tx + kTX * c >= head_dim) continue;  // a padding column
+      dk_row[tx + kTX * c] = p.scale * dk[a][c];
+      dv_row[tx + kTX * c] = dv[a][c];
     }
   }
 }
