@@ -375,6 +375,7 @@ def test_cached_forward_traces_on_fake_cuda_tensors(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     monkeypatch.setattr(decode, "sm_count", lambda device_index: 132)  # an H100's (no GPU to ask)
+    monkeypatch.setattr(decode, "smem_per_block", lambda device_index: 227 * 1024)  # likewise
     models = {dt: _optimized(build_model(0, config=SMALL), dt) for dt in DTYPES}
     with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
         warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)
