@@ -60,8 +60,8 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 1024  # decode.h kMaxSplits
 # The split kernels' cp.async ring of K and V tiles (README "More bytes in flight: a deeper ring";
 # decode.h): the CUDA-core kernel has CUDA_CORE_STAGES stages; the tensor-core kernel is compiled
-# with each count of TENSOR_CORE_STAGES and runs the deepest that the device's shared memory per
-# block holds (choose_stages). A stage is TILE_BYTES of K and TILE_BYTES of V (decode_stream.cuh
+# with each count of TENSOR_CORE_STAGES and, on a grid of more blocks than SMs, runs the deepest
+# that the device's shared memory per block holds (choose_stages). A stage is TILE_BYTES of K and TILE_BYTES of V (decode_stream.cuh
 # KvTile), each key row padded by 16 bytes.
 CUDA_CORE_STAGES = 2
 TENSOR_CORE_STAGES = (2, 3)
