@@ -20,7 +20,7 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
     coalesced     phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes  yes     yes*
     fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes  yes     yes*
-    fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      no
+    fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      yes*
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
@@ -31,8 +31,8 @@ fused_hopper runs on a Hopper GPU (compute capability 9.0) only.
 mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
-is picked on an H100 for unmasked FP16/BF16 inference at D=64 or 128, grouped-query heads included,
-fused_tc for the rest, masks, training and windows included). At D=128,
+is picked on an H100 for unmasked FP16/BF16 at D=64 or 128, grouped-query heads included (in
+training only with one K/V head per query head), fused_tc for the rest, masks and windows included). At D=128,
 non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
 which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
 kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
@@ -131,7 +131,7 @@ MODE_INFO = {
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
-                             backward=False, capability=hopper.HOPPER, gqa=True),
+                             capability=hopper.HOPPER, gqa=True),
 }
 
 

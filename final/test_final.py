@@ -176,8 +176,9 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
 
 
 def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkeypatch):
-    """On an sm_90 GPU auto picks fused_hopper for FP16/BF16 at D 64/128; a mask, a gradient or
-    another D send it to fused_tc, and the explicit mode refuses them with the reason."""
+    """On an sm_90 GPU auto picks fused_hopper for FP16/BF16 at D 64/128, in training too; a mask,
+    another D, or grouped heads that require grad send it to fused_tc or beyond, and the explicit
+    mode refuses them with the reason."""
     monkeypatch.setattr(A, "_RESOLVED", {})
     monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
     with FakeTensorMode():
@@ -188,11 +189,13 @@ def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkey
         with pytest.raises(UnsupportedModeError, match="takes no mask"):
             resolve_mode("fused_hopper", q, q, q, mask=mask)
         trained = q.clone().requires_grad_()
-        assert resolve_mode("auto", trained, q, q) == "fused_tc"
-        with pytest.raises(UnsupportedModeError, match="has no backward pass"):
-            resolve_mode("fused_hopper", trained, q, q)
+        assert resolve_mode("auto", trained, q, q) == "fused_hopper"
+        assert resolve_mode("fused_hopper", trained, q, q) == "fused_hopper"
+        kv = torch.empty(1, 1, 16, 64, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(UnsupportedModeError, match="no backward pass for grouped-query heads"):
+            resolve_mode("fused_hopper", trained, kv, kv)
         with torch.no_grad():
-            assert resolve_mode("auto", trained, q, q) == "fused_hopper"
+            assert resolve_mode("fused_hopper", trained, kv, kv) == "fused_hopper"
         q96 = torch.empty(1, 2, 16, 96, dtype=torch.float16, device="cuda")
         assert resolve_mode("auto", q96) == "fused_tc"
     monkeypatch.setattr(A, "_RESOLVED", {})

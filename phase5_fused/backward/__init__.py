@@ -30,7 +30,7 @@ from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor
 
 NAME = "phase5_fused_bwd"
-SOURCES = ["bwd_ops.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
+SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Head dims of the tensor-core kernel (bwd_tc.cu's instances, bwd.h's kTcSupportedD, which the op
 # checks); phase5_fused.tensor_cores.attention refuses others when an input requires grad.

@@ -3,8 +3,10 @@
 1. The backward alone at B=4, H=8, S in {1024, 4096}, D in {64, 128}, causal and not: each
    implementation runs its forward once, untimed, and the timed call is
    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), the whole backward that autograd
-   runs for it (for ours: D_i, the kernel, dQ's conversion). FP16: phase5_fused_bwd_tc
-   (phase5_fused.tensor_cores.attention's backward) beside sdpa_flash and sdpa_cudnn; FP32:
+   runs for it (for ours: D_i, the kernel, dQ's conversion). FP16: phase5_fused_bwd_hopper
+   (phase5_fused.hopper.attention's backward, hopper_bwd.cu; on Hopper GPUs only) and
+   phase5_fused_bwd_tc (phase5_fused.tensor_cores.attention's backward) beside sdpa_flash and
+   sdpa_cudnn; FP32:
    phase5_fused_bwd (phase5_fused.fp32.attention's backward) beside sdpa_efficient.
 2. TFLOP/s = 2.5 x the forward's FLOPs: the backward's five matmuls (S = Q K^T again,
    dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K) are 5 x 2 Sq Sk D per head against the
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from phase5_fused import backward, fp32, tensor_cores
+from phase5_fused import backward, fp32, hopper, tensor_cores
 from utils.kernel_bench import lesson_main, results_dir
 
 HERE = Path(__file__).resolve().parent
@@ -43,18 +45,22 @@ REFERENCE_S = 1024  # rel_err only here
 VARIANT_S = 4096  # the tensor-core variants are compared here
 # ncu profiles the backward's main kernel of each (impl, D) at S=NCU_S, non-causal, in this order.
 NCU_S = 4096
+# The Hopper kernel's come last: on another GPU they are missing, and the others keep their labels.
 PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("sdpa_flash", 64),
-                 ("sdpa_flash", 128), ("phase5_fused_bwd", 64), ("sdpa_efficient", 64)]
-NCU_REGEX = "tc_backward_kernel|flash_bwd_dq_dk_dv|fp32_backward_kernel|fmha_cutlassB"
+                 ("sdpa_flash", 128), ("phase5_fused_bwd", 64), ("sdpa_efficient", 64),
+                 ("phase5_fused_bwd_hopper", 64), ("phase5_fused_bwd_hopper", 128)]
+NCU_REGEX = "tc_backward_kernel|flash_bwd_dq_dk_dv|fp32_backward_kernel|fmha_cutlassB|hopper_bwd_kernel"
 BACKWARD_FLOP_FACTOR = 2.5
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
-IMPLS = [("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
+IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
          ("sdpa_cudnn", torch.float16, "sdpa_cudnn"), ("phase5_fused_bwd", torch.float32, "fp32"),
          ("sdpa_efficient", torch.float32, "sdpa_efficient")]
 
 
 def forward_fn(name):
     """f(q, k, v, causal) -> out, differentiable."""
+    if name == "hopper":
+        return lambda q, k, v, c: hopper.attention(q, k, v, is_causal=c)
     if name == "tc":
         return lambda q, k, v, c: tensor_cores.attention(q, k, v, is_causal=c)
     if name == "fp32":
@@ -141,12 +147,18 @@ def benchmark(seq_lens) -> list[dict]:
 # Nsight Compute
 
 
+def profiled_calls() -> list:
+    """PROFILE_CALLS that this GPU can run (the Hopper kernel's on sm_90 only)."""
+    on_hopper = tuple(torch.cuda.get_device_capability()) == hopper.HOPPER
+    return [c for c in PROFILE_CALLS if on_hopper or c[0] != "phase5_fused_bwd_hopper"]
+
+
 def profile_target(names: str) -> None:
     """One backward of each (impl, D) of PROFILE_CALLS at NCU_S, non-causal (names "all" or a
     comma-separated list of impls): what ncu measures. The forward runs first, outside ncu's regex."""
     forwards = {impl: fwd for impl, _, fwd in IMPLS}
     dtypes = {impl: dtype for impl, dtype, _ in IMPLS}
-    for impl, D in PROFILE_CALLS:
+    for impl, D in profiled_calls():
         if names == "all" or impl in names.split(","):
             leaves, dout = make_inputs(NCU_S, D, dtypes[impl], seed=D)
             out = forward_fn(forwards[impl])(*leaves, False)
@@ -160,13 +172,14 @@ def run_ncu() -> dict:
     from utils.ncu import NcuUnavailable, profile_python
 
     try:
+        calls = profiled_calls()
         records = profile_python(["phase5_fused.backward.run", "--profile-target", "all"], NCU_REGEX,
-                                 launch_count=len(PROFILE_CALLS), timeout=480, stalls=True)
+                                 launch_count=len(calls), timeout=480, stalls=True)
     except NcuUnavailable as exc:
         print(f"ncu unavailable: {exc}", flush=True)
         return {"ncu_unavailable": str(exc)}
     labelled = {}
-    for (impl, D), record in zip(PROFILE_CALLS, records):  # records come back in launch order
+    for (impl, D), record in zip(calls, records):  # records come back in launch order
         labelled[f"{impl}_D{D}"] = record
     print(f"ncu: {len(records)} kernels profiled ({', '.join(labelled)})", flush=True)
     return {"shape": {"B": B, "H": H, "S": NCU_S, "causal": False}, "kernels": labelled}

@@ -3,12 +3,17 @@
     from phase5_fused import hopper
     out = hopper.attention(q, k, v, is_causal=True)               # q, k, v: CUDA float16 / bfloat16
     out, lse = hopper.attention(q, k, v, return_lse=True)
+    dq, dk, dv = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=True)
 
 Supports D in SUPPORTED_D, any Sq and Sk (Sq != Sk too), grouped-query K/V (H_kv heads), causal (top-left aligned, as torch SDPA),
 key padding by key_lengths [B], a scale (default 1/sqrt(D)), and the row logsumexp (natural log,
 FP32 [B, H, Sq]). Rows with no visible key give zeros and lse = -inf. Boolean / additive masks are
 not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each version of the lesson
 (VERSIONS, README "Versions") is selectable; DEFAULT_VERSION is the one the API uses.
+
+The backward pass (hopper_bwd.cu, README "The backward pass on Hopper") is FlashAttention-2's
+Algorithm 2 on TMA and wgmma: attention_backward calls it directly, and attention is differentiable
+through it (autograd registered on the op), for one K/V head per query head.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -26,7 +31,9 @@ from utils.checks import check_attention_inputs, dim_in, plain_arguments, record
 
 NAME = "phase5_fused_hopper"
 SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
-           "hopper_v4_pingpong.cu", "hopper_ops.cpp"]
+           "hopper_v4_pingpong.cu", "hopper_bwd.cu", "hopper_ops.cpp",
+           # the backward lesson's checks and D_i, compiled into this extension too
+           "../backward/bwd_prepare.cpp", "../backward/bwd_preprocess.cu"]
 # wgmma, setmaxnreg and TMA's tensor copies exist only on the architecture-specific target sm_90a; a
 # -gencode here replaces TORCH_CUDA_ARCH_LIST's targets for this extension (utils.build.load_phase).
 CUDA_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
@@ -52,6 +59,16 @@ def _register_fakes() -> None:
         if q.stride(1) < q.stride(2):
             return q.new_empty((B, Sq, H, D)).transpose(1, 2), lse
         return q.new_empty((B, H, Sq, D)), lse
+
+    @torch.library.register_fake(f"{NAME}::attention_backward")
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    # Autograd of attention: hopper_bwd.cu through the backward lesson's formula (that lesson imports
+    # nothing of this one, so this lazy import closes no circle).
+    from phase5_fused.backward import autograd
+
+    autograd.register_hopper(f"{NAME}::attention", load)
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
@@ -129,6 +146,30 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     if not tracing:
         check_hopper(q.device)
     q, k, v = (_tma_readable(x, check_address=not tracing) for x in (q, k, v))
-    out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse,
+    needs_grad = records_grad(q, k, v)
+    if needs_grad and k.shape[1] != H:
+        raise ValueError(f"grouped-query heads (H={H}, H_kv={k.shape[1]}): the Hopper backward takes one K/V "
+                         "head per query head, and an input requires grad; run under torch.no_grad()")
+    # The backward needs the logsumexp: asked for whenever autograd records the call.
+    out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse or needs_grad,
                                 VERSION_NUMBERS[version])
     return (out, lse) if return_lse else out
+
+
+def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: float | None = None,
+                       key_lengths=None, dlse=None):
+    """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
+    lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
+    dout. q, k, v as attention takes them but with one K/V head per query head; non-contiguous tensors
+    are copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
+    lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D."""
+    q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
+        q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
+        is_causal=is_causal, scale=scale)
+    tracing = torch.compiler.is_compiling()
+    if not tracing:
+        check_hopper(q.device)
+    q, k, v, out, dout = (_tma_readable(x.contiguous(), check_address=not tracing) for x in (q, k, v, out, dout))
+    return load().attention_backward(q, k, v, out, lse.contiguous(), dout,
+                                     None if dlse is None else dlse.contiguous(), is_causal,
+                                     None if scale is None else float(scale), key_lengths)

@@ -1,7 +1,6 @@
-// Host interface of the Hopper attention kernels (hopper_v1_wgmma_tma.cu, hopper_v2_warp_specialized.cu,
-// hopper_v3_intra_overlap.cu,
-// hopper_v4_pingpong.cu),
-// called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
+// Host interface of the Hopper attention kernels (forward: hopper_v1_wgmma_tma.cu,
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu; backward:
+// hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
 #pragma once
 
 #include <cuda.h>
@@ -44,5 +43,30 @@ void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+
+// The backward's arguments (hopper_bwd.cu). q, k, v and dO contiguous [B, H, S, D] (one K/V head
+// per query head), seen by TMA as the forward's are: boxes of 64 columns x kBwdBr (q, dO) or kBwdBc
+// (k, v) rows.
+struct BwdParams {
+  CUtensorMap q_map, k_map, v_map, do_map;
+  const float* lse;         // [B, H, Sq] the forward's natural-log logsumexp
+  const float* delta;       // [B, H, Sq] D_i = rowsum(dO_i * O_i) - dlse_i (../backward/bwd_preprocess.cu)
+  float* dq_accum;          // [B * H, n_qblocks, kBwdBr * D] FP32, zeroed, in fragment order (hopper_bwd.cu)
+  void* dk;                 // [B, H, Sk, D] q's dtype
+  void* dv;
+  const int* key_lengths;   // [B] clamped to [0, Sk], or nullptr
+  int B, H, Sq, Sk, n_qblocks;
+  float scale;
+  int causal;
+};
+
+// The backward's tiles: kBwdBc keys per CTA (two warpgroups of 64), kBwdBr query rows per step.
+constexpr int kBwdBr = 64;
+constexpr int kBwdBc = 128;
+
+// dk, dv and the dQ accumulator of one backward call; then dq = scale * accumulator in q's dtype.
+void launch_backward(const BwdParams& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_dq_convert(const float* accum, void* dq, int64_t BH, int Sq, int D, int n_qblocks, float scale,
+                       Dtype dtype, cudaStream_t stream);
 
 }  // namespace hopper

@@ -122,7 +122,7 @@ __device__ __forceinline__ void qk_issue(float (&s)[kBN / 2], uint32_t q_base, u
     // k-step kk: panel kk / 4, bytes 32 (kk % 4) inside the 128-byte rows
     const uint32_t offset_q = (kk / 4) * (kBM * kPanelBytes) + (kk % 4) * 32;
     const uint32_t offset_k = (kk / 4) * (kBN * kPanelBytes) + (kk % 4) * 32;
-    wgmma_ss_n128<T>(s, desc_k_major(q_base + offset_q), desc_k_major(k_base + offset_k), kk > 0 ? 1 : 0);
+    wgmma_ss<T, kBN>(s, desc_k_major(q_base + offset_q), desc_k_major(k_base + offset_k), kk > 0 ? 1 : 0);
   }
 }
 

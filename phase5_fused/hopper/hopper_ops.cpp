@@ -1,7 +1,10 @@
-// Torch op of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
-// the argument, the TMA tensor maps, then the launch of one version on the current CUDA stream.
+// Torch ops of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
+// the argument, the TMA tensor maps, then the launch on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
-// lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
+//       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
+//   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths) -> (dq, dk, dv)
+//       hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h); contiguous inputs with one
+//       K/V head per query head.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +15,7 @@
 #include <limits>
 #include <tuple>
 
+#include "../backward/bwd_prepare.h"
 #include "attention_args.h"
 #include "hopper_attention.h"
 
@@ -67,6 +71,13 @@ CUtensorMap make_tensor_map(const at::Tensor& x, int rows) {
   return map;
 }
 
+// The kernels are compiled for sm_90a only.
+void check_hopper_gpu() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0, "the Hopper attention kernel needs a Hopper GPU (sm_90: "
+              "TMA, wgmma, setmaxnreg); this GPU is sm_", prop->major, prop->minor);
+}
+
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              bool is_causal, double scale,
                                              const c10::optional<at::Tensor>& key_lengths, bool return_lse,
@@ -87,9 +98,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   check_tma_layout(v, "v");
 
   const c10::cuda::CUDAGuard guard(q.device());
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major == 9 && prop->minor == 0, "the Hopper attention kernel needs a Hopper GPU (sm_90: "
-              "TMA, wgmma, setmaxnreg); this GPU is sm_", prop->major, prop->minor);
+  check_hopper_gpu();
 
   at::Tensor lengths;
   if (key_lengths.has_value() && key_lengths->defined()) {
@@ -153,11 +162,58 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   return {out, lse};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, const c10::optional<at::Tensor>& dlse, bool is_causal, c10::optional<double> scale,
+    const c10::optional<at::Tensor>& key_lengths) {
+  TORCH_CHECK(q.dim() != 4 || hopper::supported_head_dim(q.size(3)), "head dim D=", q.size(3),
+              " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");
+  TORCH_CHECK(q.dim() != 4 || (q.size(2) <= std::numeric_limits<int>::max() && k.dim() == 4 &&
+                               k.size(2) <= std::numeric_limits<int>::max() &&
+                               q.size(0) * q.size(1) <= std::numeric_limits<int>::max()),
+              "q and k sequence lengths and B * H must fit in int32");
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_hopper_gpu();
+  // Checks, dk, dv, the zeroed dQ accumulator (whole kBwdBr-row tiles) and D_i on this stream.
+  phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, c10::nullopt, is_causal, scale, 1,
+                                                  key_lengths, phase5_bwd::Kernel::kHopper, hopper::kBwdBr);
+  const phase5_bwd::BwdParams& b = prep.params;
+  hopper::BwdParams p;
+  p.q_map = make_tensor_map(q, hopper::kBwdBr);
+  p.k_map = make_tensor_map(k, hopper::kBwdBc);
+  p.v_map = make_tensor_map(v, hopper::kBwdBc);
+  p.do_map = make_tensor_map(dout, hopper::kBwdBr);
+  p.lse = b.lse;
+  p.delta = b.delta;
+  p.dq_accum = prep.dq.data_ptr<float>();
+  p.dk = b.dk;
+  p.dv = b.dv;
+  p.key_lengths = b.key_lengths;
+  p.B = static_cast<int>(b.B);
+  p.H = static_cast<int>(b.H);
+  p.Sq = static_cast<int>(b.Sq);
+  p.Sk = static_cast<int>(b.Sk);
+  p.n_qblocks = static_cast<int>(prep.dq.size(2) / hopper::kBwdBr);
+  p.scale = b.scale;
+  p.causal = is_causal ? 1 : 0;
+  const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  hopper::launch_backward(p, prep.D, dtype, stream);
+  at::Tensor dq = at::empty_like(q);
+  hopper::launch_dq_convert(p.dq_accum, dq.data_ptr(), b.B * b.H, p.Sq, prep.D, p.n_qblocks, p.scale, dtype, stream);
+  return {dq, prep.dk, prep.dv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(phase5_fused_hopper, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, Tensor? key_lengths, "
         "bool return_lse, int version) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, "
+        "bool is_causal, float? scale, Tensor? key_lengths) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(phase5_fused_hopper, CUDA, m) { m.impl("attention", &attention); }
+TORCH_LIBRARY_IMPL(phase5_fused_hopper, CUDA, m) {
+  m.impl("attention", &attention);
+  m.impl("attention_backward", &attention_backward);
+}

@@ -173,12 +173,14 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
   return make_desc(smem_address, panel_bytes, 1024);
 }
 
-// The instructions, one per shape and dtype (m64nNk16, FP32 accumulators). d[4j + i] of thread t of
-// warp w holds row 16w + (t%32)/4 + 8(i/2), column 8j + 2(t%4) + i%2, as mma.sync's C fragments.
-//   wgmma_ss_*: S (+)= A B^T with A [64 x 16] and B [N x 16] K-major in shared memory; scale_d = 0
-//               overwrites d (the first k-step), 1 accumulates.
-//   wgmma_rs_*: O += A B with A [64 x 16] in registers (mma.sync's A fragment layout) and B
-//               [16 x N] MN-major in shared memory (imm-trans-b = 1).
+// The instructions (m64nNk16, FP32 accumulators, N = 64 or 128). d[4j + i] of thread t of warp w
+// holds row 16w + (t%32)/4 + 8(i/2), column 8j + 2(t%4) + i%2, as mma.sync's C fragments.
+//   wgmma_ss: D (+)= A B with A [64 x 16] and B [16 x N] both in shared memory; scale_d = 0
+//             overwrites d (the first k-step), 1 accumulates. kTransA = kTransB = 0: both K-major
+//             (S = Q K^T: the reduction dimension D is contiguous in Q and K); 1: that operand is
+//             MN-major (its M or N dimension is the contiguous one; FP16/BF16 only).
+//   wgmma_rs: O += A B with A [64 x 16] in registers (mma.sync's A fragment layout) and B
+//             [16 x N] MN-major in shared memory (imm-trans-b = 1).
 //
 // The accumulator operands of an m64nNk16 wgmma: N / 2 FP32 registers per thread, read and written
 // ("+f"), and their placeholders in the instruction text (%0 .. %(N/2 - 1)); the operands after them
@@ -202,78 +204,48 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-__device__ __forceinline__ void wgmma_ss_m64n128k16_f16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                      int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" HOPPER_WGMMA_D64_TEXT
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : HOPPER_WGMMA_D64_OPERANDS
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+// One wgmma_ss for an N, an input type ("f16" or "bf16") and its operand text: the predicate p from
+// scale_d, then the instruction with the transpose flags as immediates.
+#define HOPPER_WGMMA_SS(N, TYPE, TEXT, OPERANDS, A, B, SCALE, TA, TB)                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" TEXT "}, %" #A   \
+               ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"                                         \
+               : OPERANDS                                                                             \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
+
+template <typename T, int N, int kTransA = 0, int kTransB = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N == 64 || N == 128, "compiled wgmma shapes: m64n64k16 and m64n128k16");
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 64 && kBf16)
+    HOPPER_WGMMA_SS(64, "bf16", HOPPER_WGMMA_D32_TEXT, HOPPER_WGMMA_D32_OPERANDS, 32, 33, 34, 35, 36);
+  if constexpr (N == 64 && !kBf16)
+    HOPPER_WGMMA_SS(64, "f16", HOPPER_WGMMA_D32_TEXT, HOPPER_WGMMA_D32_OPERANDS, 32, 33, 34, 35, 36);
+  if constexpr (N == 128 && kBf16)
+    HOPPER_WGMMA_SS(128, "bf16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
+  if constexpr (N == 128 && !kBf16)
+    HOPPER_WGMMA_SS(128, "f16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
 }
 
-__device__ __forceinline__ void wgmma_rs_m64n64k16_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" HOPPER_WGMMA_D32_TEXT
-      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : HOPPER_WGMMA_D32_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" HOPPER_WGMMA_D64_TEXT
-      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : HOPPER_WGMMA_D64_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-__device__ __forceinline__ void wgmma_ss_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                       int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" HOPPER_WGMMA_D64_TEXT
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : HOPPER_WGMMA_D64_OPERANDS
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" HOPPER_WGMMA_D32_TEXT
-      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : HOPPER_WGMMA_D32_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n128k16_bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" HOPPER_WGMMA_D64_TEXT
-      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : HOPPER_WGMMA_D64_OPERANDS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d);
-template <>
-__device__ __forceinline__ void wgmma_ss_n128<__half>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  wgmma_ss_m64n128k16_f16(d, desc_a, desc_b, scale_d);
-}
-template <>
-__device__ __forceinline__ void wgmma_ss_n128<__nv_bfloat16>(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                             int scale_d) {
-  wgmma_ss_m64n128k16_bf16(d, desc_a, desc_b, scale_d);
-}
+// The same for wgmma_rs (A: the 4 registers of mma.sync's A fragment, operands A0..A3; B MN-major).
+#define HOPPER_WGMMA_RS(N, TYPE, TEXT, OPERANDS, A0, A1, A2, A3, B)                                 \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" TEXT "}, {%" #A0 \
+               ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", 1, 1, 1, 1;\n"                               \
+               : OPERANDS                                                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(N == 64 || N == 128, "compiled wgmma shapes: m64n64k16 and m64n128k16");
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (N == 64 && kBf16) wgmma_rs_m64n64k16_bf16(d, a, desc_b);
-  if constexpr (N == 64 && !kBf16) wgmma_rs_m64n64k16_f16(d, a, desc_b);
-  if constexpr (N == 128 && kBf16) wgmma_rs_m64n128k16_bf16(d, a, desc_b);
-  if constexpr (N == 128 && !kBf16) wgmma_rs_m64n128k16_f16(d, a, desc_b);
+  if constexpr (N == 64 && kBf16)
+    HOPPER_WGMMA_RS(64, "bf16", HOPPER_WGMMA_D32_TEXT, HOPPER_WGMMA_D32_OPERANDS, 32, 33, 34, 35, 36);
+  if constexpr (N == 64 && !kBf16)
+    HOPPER_WGMMA_RS(64, "f16", HOPPER_WGMMA_D32_TEXT, HOPPER_WGMMA_D32_OPERANDS, 32, 33, 34, 35, 36);
+  if constexpr (N == 128 && kBf16)
+    HOPPER_WGMMA_RS(128, "bf16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
+  if constexpr (N == 128 && !kBf16)
+    HOPPER_WGMMA_RS(128, "f16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
 }
 
 }  // namespace hopper

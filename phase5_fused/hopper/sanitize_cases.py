@@ -7,6 +7,10 @@ that a stage of the 2-stage ring is refilled), one batch with a key length insid
 rows are zeroed in shared memory: by the consumers in v1-v3, by the producer in v4) and one with
 none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
 attention: both heads read the same K/V tiles).
+
+The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
+(three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
+cut short, and one batch's key length inside the second), causal and not.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import torch
 
 from phase5_fused import hopper
 from utils import reference
-from utils.testing import assert_close, random_qkv
+from utils.testing import assert_close, random_qkv, randn
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
+GRAD_TOL = {torch.float16: 2e-2, torch.bfloat16: 5e-2}  # the backward lesson's sanitizer cases'
 
 
 def main() -> int:
@@ -47,6 +52,29 @@ def main() -> int:
                     cases += 1
     torch.cuda.synchronize()
     print(f"hopper attention: {cases} kernel instantiations correct")
+    return backward_cases()
+
+
+def backward_cases() -> int:
+    B, H, Sq, Sk = 3, 2, 150, 300
+    lengths = torch.tensor([Sk, 133, 0], device="cuda", dtype=torch.int32)
+    cases = 0
+    for dtype in hopper.DTYPES:
+        for D in hopper.SUPPORTED_D:
+            q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+            dout = randn(B, H, Sq, D, dtype=dtype)
+            for causal in (False, True):
+                out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True)
+                grads = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=causal, key_lengths=lengths)
+                # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.
+                refs = reference.attention_grads(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), is_causal=causal,
+                                                 key_lengths=lengths.cpu())
+                for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
+                    assert_close(got, want, dtype=dtype, rel_tol=GRAD_TOL[dtype],
+                                 what=f"backward {name} {dtype} D={D} causal={causal}")
+                cases += 1
+    torch.cuda.synchronize()
+    print(f"hopper attention backward: {cases} kernel instantiations correct")
     return 0
 
 

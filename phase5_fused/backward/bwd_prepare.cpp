@@ -1,0 +1,123 @@
+// Phase 5 backward: the checks and allocations every backward op shares (bwd_prepare.h).
+#include "bwd_prepare.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../fp32/fused.h"
+#include "attention_args.h"
+
+namespace phase5_bwd {
+namespace {
+
+// D is one of a kernel's compiled head dims.
+template <std::size_t N>
+bool listed(const int (&dims)[N], int64_t D) {
+  for (int d : dims)
+    if (d == D) return true;
+  return false;
+}
+
+// A tensor of q's device, the given dtype and shape, contiguous.
+void check_like(const at::Tensor& x, const char* name, const at::Tensor& q, at::ScalarType dtype,
+                at::IntArrayRef shape) {
+  TORCH_CHECK(x.is_cuda() && x.device() == q.device(), name, " must be on q's device ", q.device());
+  TORCH_CHECK(x.scalar_type() == dtype, name, " must be ", dtype, ", got ", x.scalar_type());
+  TORCH_CHECK(x.sizes() == shape, name, " must have shape ", shape, ", got ", x.sizes());
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+}
+
+void check_aligned(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0, name,
+              " must start at a 16-byte aligned address (the kernel's 16-byte cp.async or TMA loads need it)");
+}
+
+}  // namespace
+
+Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                 const at::Tensor& lse, const at::Tensor& dout, const c10::optional<at::Tensor>& dlse,
+                 const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, Kernel kernel,
+                 int64_t dq_row_multiple) {
+  const bool tc = kernel != Kernel::kFp32;
+  at::ScalarType dtype = at::kFloat;
+  if (tc) {
+    dtype = q.scalar_type();
+    TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
+                "q must be float16 or bfloat16 for the tensor-core backward, got ", dtype);
+  }
+  const course::AttentionShape s = course::check_qkv(q, k, v, dtype);
+  if (kernel == Kernel::kTensorCores) {
+    TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
+                " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
+  }
+  if (tc) {
+    TORCH_CHECK(stride == 1, "stride must be 1 for the tensor-core backward, got ", stride);
+  } else {
+    TORCH_CHECK(phase5::fast_supports_head_dim(s.D), "q: head dim D=", s.D, " is not supported by the FP32 "
+                "backward (the FP32 forward's: a multiple of ", phase5::kHeadDimStep, " from ",
+                phase5::kMinHeadDim, " to ", phase5::kMaxHeadDim, ")");
+  }
+  check_like(out, "out", q, dtype, q.sizes());
+  check_like(dout, "dout", q, dtype, q.sizes());
+  const std::vector<int64_t> rows{s.B, s.H, s.Sq};
+  check_like(lse, "lse", q, at::kFloat, rows);
+  if (dlse.has_value() && dlse->defined()) check_like(*dlse, "dlse", q, at::kFloat, rows);
+  if (tc) {
+    check_aligned(q, "q");
+    check_aligned(k, "k");
+    check_aligned(v, "v");
+    check_aligned(dout, "dout");
+  }
+
+  Prepared prep;
+  prep.D = static_cast<int>(s.D);
+  // dQ collects one part per key block: FP32, zeroed, added to with atomics.
+  const int64_t dq_rows = (s.Sq + dq_row_multiple - 1) / dq_row_multiple * dq_row_multiple;
+  prep.dq = at::zeros({s.B, s.H, dq_rows, s.D}, q.options().dtype(at::kFloat));
+  prep.dk = at::empty_like(k);
+  prep.dv = at::empty_like(v);
+  prep.delta = at::empty(rows, q.options().dtype(at::kFloat));
+
+  BwdParams& p = prep.params;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.delta = prep.delta.data_ptr<float>();
+  p.dq = prep.dq.data_ptr<float>();
+  p.dk = prep.dk.data_ptr();
+  p.dv = prep.dv.data_ptr();
+  p.B = s.B;
+  p.H = s.H;
+  p.Sq = s.Sq;
+  p.Sk = s.Sk;
+  p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
+  p.masking = course::make_masking(mask, is_causal, stride, s, q);
+  p.key_lengths = nullptr;
+  if (key_lengths.has_value() && key_lengths->defined()) {
+    const at::Tensor& kl = *key_lengths;
+    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
+    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
+                "key_lengths must be int32 or int64, got ", kl.scalar_type());
+    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must have shape [B=", s.B, "], got ",
+                kl.sizes());
+    prep.key_lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
+    p.key_lengths = prep.key_lengths.data_ptr<int>();
+  }
+
+  const DType kind = dtype == at::kFloat  ? DType::kFloat
+                                 : dtype == at::kHalf ? DType::kHalf
+                                                      : DType::kBFloat16;
+  const float* dlse_ptr = dlse.has_value() && dlse->defined() ? dlse->data_ptr<float>() : nullptr;
+  launch_preprocess(out.data_ptr(), dout.data_ptr(), dlse_ptr, prep.delta.data_ptr<float>(),
+                                s.B * s.H * s.Sq, prep.D, kind, c10::cuda::getCurrentCUDAStream());
+  return prep;
+}
+
+}  // namespace phase5_bwd

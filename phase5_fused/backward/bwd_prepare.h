@@ -1,0 +1,35 @@
+// What every backward op of phase 5 checks and allocates before its kernel (bwd_prepare.cpp): the
+// arguments named where they are wrong, the gradients' buffers, and D_i (bwd_preprocess.cu) already
+// computed on the current stream. Shared by this lesson's ops (bwd_ops.cpp) and the Hopper
+// backward's (../hopper/hopper_ops.cpp), which compile it into their own extensions.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "bwd.h"
+
+namespace phase5_bwd {
+
+// The kernel the arguments are checked for: its dtypes, head dims and alignment.
+//   kFp32         float32; the FP32 forward's head dims; any stride
+//   kTensorCores  float16 / bfloat16; kTcSupportedD; stride 1; 16-byte aligned q, k, v, dout
+//   kHopper       float16 / bfloat16 (its op checks the head dim); stride 1; aligned as above
+enum class Kernel { kFp32, kTensorCores, kHopper };
+
+struct Prepared {
+  BwdParams params;
+  at::Tensor dq, dk, dv, delta, key_lengths;  // keep the clamped key_lengths alive until the launch
+  int D;
+};
+
+// dq is FP32 and zeroed (every key block adds its part), [B, H, rows, D] with rows = Sq rounded up to
+// a multiple of dq_row_multiple (the Hopper kernel adds whole 64-row tiles); dk, dv like k, v.
+Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                 const at::Tensor& lse, const at::Tensor& dout, const c10::optional<at::Tensor>& dlse,
+                 const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, Kernel kernel,
+                 int64_t dq_row_multiple = 1);
+
+}  // namespace phase5_bwd

@@ -1,0 +1,178 @@
+"""Tests of the Hopper backward (hopper_bwd.cu): dq, dk, dv through phase5_fused.hopper.attention's
+autograd and through attention_backward, against float64 autograd through the reference formula
+(the backward lesson's helpers), no worse than twice the error of PyTorch's own SDPA gradients in
+the same dtype on the same inputs. Padding keys and rows with no visible key give zero gradients,
+never NaN, even where the padding holds NaN. GPU tests skip without a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from phase5_fused import hopper
+from phase5_fused.backward.test_backward import check_tc, make_inputs, reference_grads, sdpa_grads
+from phase5_fused.hopper.test_hopper import requires_hopper
+from utils import reference
+from utils.testing import assert_close, randn
+
+DTYPES = (torch.float16, torch.bfloat16)
+DTYPE_IDS = ["fp16", "bf16"]
+
+
+def autograd_grads(q, k, v, dout, **kwargs):
+    """dq, dk, dv through hopper.attention's autograd, on fresh leaves."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    hopper.attention(*leaves, **kwargs).backward(dout)
+    return [t.grad for t in leaves]
+
+
+def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    info = f"{info} {sorted(kwargs)}"
+    _, *refs = reference_grads(q, k, v, dout, **kwargs)
+    grads = autograd_grads(q, k, v, dout, **kwargs)
+    check_tc(grads, refs, sdpa_grads(q, k, v, dout, **kwargs), info)
+    return grads
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("S", [1, 17, 127, 1000, 4096])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grid(S, D, dtype, causal):
+    run_case(dtype, 1 if S == 4096 else 2, 2, S, S, D, is_causal=causal)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("Sq,Sk", [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cross_lengths(dtype, Sq, Sk, causal):
+    run_case(dtype, 2, 2, Sq, Sk, 128 if Sq == 77 else 64, is_causal=causal)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_key_padding_holding_nan(dtype, D, causal):
+    """Key padding inside Sk (NaN there), a batch with no keys (its rows see nothing), lengths past
+    Sk: finite gradients, zeros for padding keys and for the empty batch."""
+    B, H, Sq, Sk = 4, 2, 150, 200
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    lengths = torch.tensor([Sk, 70, 0, Sk + 5], device="cuda")
+    k[1, :, 70:] = float("nan")
+    v[1, :, 70:] = float("nan")
+    _, *refs = reference_grads(q, k.nan_to_num(0.0), v.nan_to_num(0.0), dout, is_causal=causal, key_lengths=lengths)
+    peers = sdpa_grads(q, k.nan_to_num(0.0), v.nan_to_num(0.0), dout, is_causal=causal, key_lengths=lengths)
+    dq, dk, dv = autograd_grads(q, k, v, dout, is_causal=causal, key_lengths=lengths)
+    check_tc([dq, dk, dv], refs, peers, info)
+    for name, g in (("dk of padding keys", dk[1, :, 70:]), ("dv of padding keys", dv[1, :, 70:]),
+                    ("dq of a batch with no keys", dq[2]), ("dk of a batch with no keys", dk[2])):
+        assert torch.equal(g, torch.zeros_like(g)), f"{name} must be zeros {info}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("scale", [0.05, -0.3])
+def test_explicit_scale(dtype, scale):
+    run_case(dtype, 2, 2, 200, 150, 64, is_causal=True, scale=scale)
+
+
+@requires_hopper
+def test_many_heads_and_batches():
+    run_case(torch.float16, 3, 5, 130, 260, 128)
+
+
+@requires_hopper
+def test_large_magnitude_inputs_never_nan():
+    q, k, v, dout, info = make_inputs(2, 2, 300, 300, 64, torch.bfloat16)
+    q, k = q * 30, k * 30
+    grads = autograd_grads(q, k, v, dout, is_causal=True)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert torch.isfinite(g).all(), f"{name}: non-finite gradient {info}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_gradient_through_lse(dtype):
+    """A loss that uses lse too: d lse_i / d S_ij = P_ij, folded into D_i."""
+    q, k, v, dout, info = make_inputs(2, 2, 65, 90, 64, dtype)
+    dlse = randn(2, 2, 65, dtype=torch.float32)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = hopper.attention(*leaves, is_causal=True, return_lse=True)
+    ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
+
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    bias = reference.attention_bias(2, 2, 65, 90, None, True, None, None, q.device)
+    scores = (q64 @ k64.transpose(-1, -2)) / math.sqrt(64) + bias
+    out64 = torch.softmax(scores, dim=-1) @ v64
+    ((out64 * dout.double()).sum() + (torch.logsumexp(scores, dim=-1) * dlse.double()).sum()).backward()
+    tol = {torch.float16: 5e-3, torch.bfloat16: 2e-2}[dtype]  # the mma.sync backward's test's
+    for name, got, want in zip(("dq", "dk", "dv"), (t.grad for t in leaves), (q64.grad, k64.grad, v64.grad)):
+        assert_close(got, want, dtype=dtype, rel_tol=tol, what=name, seed_info=info)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_direct_call_matches_autograd(dtype):
+    """attention_backward on the forward's out and lse gives autograd's gradients: dK and dV bit for
+    bit, dQ to rounding (its atomics add in any order)."""
+    q, k, v, dout, info = make_inputs(2, 3, 257, 190, 128, dtype)
+    out, lse = hopper.attention(q, k, v, is_causal=True, return_lse=True)
+    direct = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=True)
+    dq, dk, dv = autograd_grads(q, k, v, dout, is_causal=True)
+    assert torch.equal(direct[1], dk) and torch.equal(direct[2], dv), f"dk, dv differ from autograd's {info}"
+    assert torch.allclose(direct[0].float(), dq.float(), rtol=1e-2, atol=1e-3), f"dq {info}"
+
+
+@requires_hopper
+def test_repeated_calls_agree():
+    """The dQ atomics add in any order: two calls agree to rounding, not necessarily bit for bit;
+    dK and dV have no atomics and agree exactly."""
+    q, k, v, dout, info = make_inputs(2, 2, 500, 500, 64, torch.float16)
+    out, lse = hopper.attention(q, k, v, return_lse=True)
+    first = hopper.attention_backward(q, k, v, out, lse, dout)
+    second = hopper.attention_backward(q, k, v, out, lse, dout)
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2]), info
+    assert torch.allclose(first[0].float(), second[0].float(), rtol=1e-2, atol=1e-3), info
+
+
+@requires_hopper
+def test_compiled_training_step():
+    """torch.compile(fullgraph=True) of forward + backward through the op and its fake."""
+    q, k, v, dout, info = make_inputs(1, 2, 96, 96, 64, torch.bfloat16)
+
+    @torch.compile(fullgraph=True)
+    def step(q_, k_, v_):
+        return hopper.attention(q_, k_, v_, is_causal=True)
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    step(*leaves).backward(dout)
+    eager = autograd_grads(q, k, v, dout, is_causal=True)
+    for name, got, want in zip(("dq", "dk", "dv"), (t.grad for t in leaves), eager):
+        assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2), f"{name} {info}"
+
+
+@requires_hopper
+def test_bad_inputs_named():
+    q, k, v, dout, _ = make_inputs(1, 2, 16, 24, 64, torch.float16)
+    out, lse = hopper.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="grouped-query heads"):
+        hopper.attention(q.requires_grad_(), k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match=r"head dim D=96"):
+        x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
+        hopper.attention_backward(x, x, x, x, lse, x)
+    ops = hopper.load()
+    with pytest.raises(RuntimeError, match="lse must have shape"):
+        ops.attention_backward(q, k, v, out, lse[:, :1], dout, None, False, None, None)
+    with pytest.raises(RuntimeError, match="not supported by the Hopper backward"):
+        x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
+        ops.attention_backward(x, x, x, x, lse, x, None, False, None, None)
+    with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
+        ops.attention_backward(q, k[:, :1].contiguous(), v[:, :1].contiguous(), out, lse, dout, None, False, None,
+                               None)
