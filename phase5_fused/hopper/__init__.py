@@ -44,6 +44,10 @@ VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingp
 DEFAULT_VERSION = "v4_pingpong"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
+# The backward's variants per head dim (hopper_bwd.cu: how its two warpgroups share dQ; 0 by keys,
+# 1 by columns, which needs D = 128) and the one autograd runs: the faster in the variants table.
+BWD_VARIANTS = {64: (0,), 128: (0, 1)}
+BWD_DEFAULT_VARIANT = {64: 0, 128: 1}
 # The GPU these kernels run on (compute capability).
 HOPPER = (9, 0)
 
@@ -61,14 +65,14 @@ def _register_fakes() -> None:
         return q.new_empty((B, H, Sq, D)), lse
 
     @torch.library.register_fake(f"{NAME}::attention_backward")
-    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths):
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     # Autograd of attention: hopper_bwd.cu through the backward lesson's formula (that lesson imports
     # nothing of this one, so this lazy import closes no circle).
     from phase5_fused.backward import autograd
 
-    autograd.register_hopper(f"{NAME}::attention", load)
+    autograd.register_hopper(f"{NAME}::attention", load, lambda D: BWD_DEFAULT_VARIANT.get(int(D), 0))
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
@@ -157,19 +161,24 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
 
 
 def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: float | None = None,
-                       key_lengths=None, dlse=None):
+                       key_lengths=None, dlse=None, variant: int | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
     lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
     dout. q, k, v as attention takes them but with one K/V head per query head; non-contiguous tensors
     are copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
-    lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D."""
+    lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of
+    BWD_VARIANTS[D]; None: BWD_DEFAULT_VARIANT[D], the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
         is_causal=is_causal, scale=scale)
+    if variant is None:
+        variant = BWD_DEFAULT_VARIANT[D]
+    if isinstance(variant, bool) or variant not in BWD_VARIANTS[D]:
+        raise ValueError(f"variant must be one of {BWD_VARIANTS[D]} at D={D}, got {variant!r}")
     tracing = torch.compiler.is_compiling()
     if not tracing:
         check_hopper(q.device)
     q, k, v, out, dout = (_tma_readable(x.contiguous(), check_address=not tracing) for x in (q, k, v, out, dout))
     return load().attention_backward(q, k, v, out, lse.contiguous(), dout,
                                      None if dlse is None else dlse.contiguous(), is_causal,
-                                     None if scale is None else float(scale), key_lengths)
+                                     None if scale is None else float(scale), key_lengths, variant)

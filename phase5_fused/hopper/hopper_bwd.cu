@@ -10,15 +10,22 @@
 //   P^T  = 2^(S^T c - L_i), dS^T = P^T (dP^T - D_i)        on the accumulators, FP32
 //   dV_w += P^T dO_i       wgmma m64nDk16, A = P^T from registers (rounded to T), B = dO_i MN-major
 //   dK_w += dS^T Q_i       the same with dS^T, Q_i
-//   dQ_i += dS_w K_w       the warpgroup's dS^T through shared memory (A, MN-major), B = K_w
-//                          MN-major: a 64 x D partial over the warpgroup's 64 keys, added to an FP32
-//                          accumulator in global memory with vector atomics (below)
+//   dQ_i += dS K_j         dS^T through shared memory (A, MN-major), B = K_j MN-major, added to an
+//                          FP32 accumulator in global memory with vector atomics (below). Two ways
+//                          to share it between the warpgroups (the variant):
+//                            0, by keys:    warpgroup w adds dS_w K_w, all D columns over its own 64
+//                                           keys: it waits for its own dS^T only
+//                            1, by columns: warpgroup w adds columns D/2 w.. of dS K_j over all 128
+//                                           keys: half the atomics, after a barrier of both
+//                                           warpgroups (D = 128 only: a wgmma B operand of D/2 = 32
+//                                           columns would start inside a 64-column swizzle panel)
 // Against bwd_tc.cu: no ldmatrix at all (wgmma reads both shared operands through descriptors), one
 // instruction per 64 x N x 16 product instead of 4 x N/8, and no thread computes a copy address.
 //
 // The dQ accumulator is kept in the accumulators' own order (fragment order): the 64 x D tile of
-// query block i is D / 8 rows of 128 float4, float4 j of thread t holding t's registers 4j..4j+3.
-// Each thread adds its registers as D / 8 float4 atomics whose addresses are consecutive across
+// query block i is D / N parts (N: the columns one warpgroup adds, D or D / 2), part c holding
+// columns cN.. as N / 8 rows of 128 float4, float4 j of thread t holding t's registers 4j..4j+3.
+// Each thread adds its registers as N / 8 float4 atomics whose addresses are consecutive across
 // the warp (one 512-byte transaction per instruction); hopper_dq_convert turns the accumulator into
 // dQ = scale * sum, rounded to T, in [B, H, Sq, D] order.
 #include <c10/cuda/CUDAException.h>
@@ -59,9 +66,11 @@ struct BwdSmem {
   static_assert(kBwdBc == kBN, "zero_padded_rows clears panels of kBN rows");
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kDqByColumns>
 __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid_constant__ BwdParams p) {
   using L = BwdSmem<D>;
+  static_assert(!kDqByColumns || D == 128, "dQ by columns: two 64-column panels");
+  constexpr int kDqN = kDqByColumns ? D / 2 : D;  // dQ columns one warpgroup adds
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   uint64_t* full_kv = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -137,7 +146,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     const int q0 = (qb_first + step) * kBwdBr;
     const uint32_t q_tile = smem_addr(smem + L::kQ + s * L::kQBytes);
     const uint32_t do_tile = smem_addr(smem + L::kdO + s * L::kQBytes);
-    unsigned char* ds_tile = smem + L::kdS + ((step % 2) * 2 + wg) * L::kDSBytes;
+    unsigned char* ds_pair = smem + L::kdS + (step % 2) * 2 * L::kDSBytes;  // both warpgroups' dS^T: 128 keys
+    unsigned char* ds_tile = ds_pair + wg * L::kDSBytes;
     const float* sL = stats + s * 2 * kBwdBr;
     const float* sDi = sL + kBwdBr;
 
@@ -241,31 +251,42 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     for (int kk = 0; kk < kBwdBr / 16; ++kk) wgmma_rs<T, D>(dk, dsa[kk], desc_mn_major(q_tile + kk * 2048, L::kQPanel));
     wgmma_commit();
     // Meanwhile: the next block's L_i, D_i into the other stage, and every warp's dS^T stores
-    // visible to wgmma (the async proxy) before the warpgroup reads them.
+    // visible to wgmma (the async proxy) before the warpgroup (by keys) or both (by columns) read them.
     if (prefetch_stats) stage_stat((step + 1) % kBwdStages, next_stat);
     fence_proxy_async();
-    named_barrier_sync(2 + wg, kWarpgroup);
+    if constexpr (kDqByColumns) {
+      named_barrier_sync(1, kBwdThreads);
+    } else {
+      named_barrier_sync(2 + wg, kWarpgroup);
+    }
     wgmma_wait<0>();
     fence_operand(dv);
     fence_operand(dk);
     mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
 
-    // Step 5: the warpgroup's part of dQ_i = dS_w K_w: A = dS (queries x keys) read from the
-    // stored dS^T (MN-major: queries contiguous), B = K_w (keys x D, MN-major), k = its 64 keys.
-    float dq[D / 2];
+    // Step 5: the warpgroup's part of dQ_i = dS K_j: A = dS (queries x keys) read from the stored
+    // dS^T (MN-major: queries contiguous; 16 keys = +2048 bytes, the two warpgroups' panels are
+    // consecutive), B = K_j (keys x D, MN-major). By keys: its own 64 keys, all D columns; by
+    // columns: all 128 keys, panel w of K_j.
+    float dq[kDqN / 2];
+    const uint32_t ds_a = smem_addr(kDqByColumns ? ds_pair : ds_tile);
+    const uint32_t k_b = kDqByColumns ? smem_addr(smem + L::kK) + wg * L::kKVPanel : k_w;
     fence_operand(dq);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 64 / 16; ++kk)
-      wgmma_ss<T, D, 1, 1>(dq, desc_mn_major(smem_addr(ds_tile) + kk * 2048, L::kDSBytes),
-                           desc_mn_major(k_w + kk * 2048, L::kKVPanel), kk > 0);
+    for (int kk = 0; kk < (kDqByColumns ? kBwdBc : 64) / 16; ++kk)
+      wgmma_ss<T, kDqN, 1, 1>(dq, desc_mn_major(ds_a + kk * 2048, L::kDSBytes),
+                              desc_mn_major(k_b + kk * 2048, L::kKVPanel), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operand(dq);
-    // Into the FP32 accumulator of query block qb_first + step, in fragment order (the header).
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum) + (static_cast<int64_t>(bh) * p.n_qblocks + qb_first + step) * (16 * D);
+    // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
+    // order (the header).
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum) +
+                  (static_cast<int64_t>(bh) * p.n_qblocks + qb_first + step) * (16 * D) +
+                  (kDqByColumns ? wg * (kDqN / 8) * kWarpgroup : 0);
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
+    for (int j = 0; j < kDqN / 8; ++j)
       atomicAdd(acc + j * kWarpgroup + wg_tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
   }
 
@@ -287,54 +308,71 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
 }
 
 // dQ[bh, row, 2c..2c+1] = scale * accumulator, rounded to T: one thread per pair of columns. Row r
-// of a query block, column 8j + 2t + e sits in thread 32 (r / 16) + 4 (r % 8) + t, register
-// 4j + 2 ((r % 16) / 8) + e of the fragment order.
+// of a query block, column cN + 8j + 2t + e sits in part c, thread 32 (r / 16) + 4 (r % 8) + t,
+// register 4j + 2 ((r % 16) / 8) + e of the fragment order (N = part_cols).
 template <typename T>
-__global__ void hopper_dq_convert_kernel(const float* accum, T* dq, int64_t pairs, int Sq, int D, int n_qblocks,
-                                         float scale) {
+__global__ void hopper_dq_convert_kernel(const float* accum, T* dq, int64_t pairs, int Sq, int D, int part_cols,
+                                         int n_qblocks, float scale) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= pairs) return;
   const int col = static_cast<int>(idx % (D / 2)) * 2;
   const int64_t row_all = idx / (D / 2);
   const int row = static_cast<int>(row_all % Sq);
   const int64_t bh = row_all / Sq;
-  const int r = row % kBwdBr, j = col / 8, t = (col % 8) / 2;
+  const int r = row % kBwdBr, part = col / part_cols, j = (col % part_cols) / 8, t = (col % 8) / 2;
   const int thread = 32 * (r / 16) + 4 * (r % 8) + t;
   const int64_t tile = bh * n_qblocks + row / kBwdBr;
-  const float2 v = *reinterpret_cast<const float2*>(accum + tile * kBwdBr * D + (j * kWarpgroup + thread) * 4 +
-                                                    2 * ((r % 16) / 8));
+  const float2 v = *reinterpret_cast<const float2*>(accum + tile * kBwdBr * D + part * kBwdBr * part_cols +
+                                                    (j * kWarpgroup + thread) * 4 + 2 * ((r % 16) / 8));
   *reinterpret_cast<uint32_t*>(dq + idx * 2) = tc::pack2<T>(scale * v.x, scale * v.y);
+}
+
+template <typename T, int D, bool kDqByColumns>
+void launch_instance(const BwdParams& p, int64_t blocks, int device, cudaStream_t stream) {
+  constexpr int kSmem = BwdSmem<D>::kBytes;
+  course::opt_in_shared_memory<hopper_bwd_kernel<T, D, kDqByColumns>>(device, kSmem);
+  hopper_bwd_kernel<T, D, kDqByColumns><<<static_cast<unsigned>(blocks), kBwdThreads, kSmem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The variant's dQ split (the header); 1 exists at D = 128 only.
+bool dq_by_columns(int D, int variant) {
+  TORCH_CHECK(variant == 0 || (variant == 1 && D == 128), "variant must be 0 (dQ by keys) or, at D=128, 1 (dQ by "
+              "columns), got ", variant, " at D=", D);
+  return variant == 1;
 }
 
 }  // namespace
 
-void launch_backward(const BwdParams& p, int D, Dtype dtype, cudaStream_t stream) {
+void launch_backward(const BwdParams& p, int D, int variant, Dtype dtype, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t blocks = static_cast<int64_t>((p.Sk + kBwdBc - 1) / kBwdBc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", kBwdBc, ")) for one grid");
+  const bool by_columns = dq_by_columns(D, variant);
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    constexpr int kSmem = BwdSmem<kD>::kBytes;
-    course::opt_in_shared_memory<hopper_bwd_kernel<T, kD>>(device, kSmem);
-    hopper_bwd_kernel<T, kD><<<static_cast<unsigned>(blocks), kBwdThreads, kSmem, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if constexpr (kD == 128) {
+      if (by_columns) return launch_instance<T, kD, true>(p, blocks, device, stream);
+    }
+    launch_instance<T, kD, false>(p, blocks, device, stream);
   });
 }
 
-void launch_dq_convert(const float* accum, void* dq, int64_t BH, int Sq, int D, int n_qblocks, float scale,
-                       Dtype dtype, cudaStream_t stream) {
+void launch_dq_convert(const float* accum, void* dq, int64_t BH, int Sq, int D, int variant, int n_qblocks,
+                       float scale, Dtype dtype, cudaStream_t stream) {
   const int64_t pairs = BH * Sq * (D / 2);
+  const int part_cols = dq_by_columns(D, variant) ? D / 2 : D;
   constexpr int kThreads = 256;
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   TORCH_CHECK(blocks <= 0x7fffffff, "q: too many rows (B*H*Sq) for one grid");
   if (dtype == Dtype::kBFloat16) {
     hopper_dq_convert_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        accum, static_cast<__nv_bfloat16*>(dq), pairs, Sq, D, n_qblocks, scale);
+        accum, static_cast<__nv_bfloat16*>(dq), pairs, Sq, D, part_cols, n_qblocks, scale);
   } else {
     hopper_dq_convert_kernel<__half><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        accum, static_cast<__half*>(dq), pairs, Sq, D, n_qblocks, scale);
+        accum, static_cast<__half*>(dq), pairs, Sq, D, part_cols, n_qblocks, scale);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -2,9 +2,10 @@
 // the argument, the TMA tensor maps, then the launch on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
 //       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
-//   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths) -> (dq, dk, dv)
-//       hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h); contiguous inputs with one
-//       K/V head per query head.
+//   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
+//       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
+//       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys) or, at D = 128,
+//       1 (dQ by columns).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -165,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& dout, const c10::optional<at::Tensor>& dlse, bool is_causal, c10::optional<double> scale,
-    const c10::optional<at::Tensor>& key_lengths) {
+    const c10::optional<at::Tensor>& key_lengths, int64_t variant) {
   TORCH_CHECK(q.dim() != 4 || hopper::supported_head_dim(q.size(3)), "head dim D=", q.size(3),
               " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");
   TORCH_CHECK(q.dim() != 4 || (q.size(2) <= std::numeric_limits<int>::max() && k.dim() == 4 &&
@@ -198,9 +199,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   p.causal = is_causal ? 1 : 0;
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  hopper::launch_backward(p, prep.D, dtype, stream);
+  hopper::launch_backward(p, prep.D, static_cast<int>(variant), dtype, stream);
   at::Tensor dq = at::empty_like(q);
-  hopper::launch_dq_convert(p.dq_accum, dq.data_ptr(), b.B * b.H, p.Sq, prep.D, p.n_qblocks, p.scale, dtype, stream);
+  hopper::launch_dq_convert(p.dq_accum, dq.data_ptr(), b.B * b.H, p.Sq, prep.D, static_cast<int>(variant),
+                            p.n_qblocks, p.scale, dtype, stream);
   return {dq, prep.dk, prep.dv};
 }
 
@@ -210,7 +212,7 @@ TORCH_LIBRARY(phase5_fused_hopper, m) {
   m.def("attention(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, Tensor? key_lengths, "
         "bool return_lse, int version) -> (Tensor, Tensor)");
   m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, "
-        "bool is_causal, float? scale, Tensor? key_lengths) -> (Tensor, Tensor, Tensor)");
+        "bool is_causal, float? scale, Tensor? key_lengths, int variant) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_hopper, CUDA, m) {

@@ -10,7 +10,7 @@ attention: both heads read the same K/V tiles).
 
 The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
 (three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
-cut short, and one batch's key length inside the second), causal and not.
+cut short, and one batch's key length inside the second), causal and not, every variant.
 """
 
 from __future__ import annotations
@@ -65,14 +65,16 @@ def backward_cases() -> int:
             dout = randn(B, H, Sq, D, dtype=dtype)
             for causal in (False, True):
                 out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True)
-                grads = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=causal, key_lengths=lengths)
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.
                 refs = reference.attention_grads(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), is_causal=causal,
                                                  key_lengths=lengths.cpu())
-                for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
-                    assert_close(got, want, dtype=dtype, rel_tol=GRAD_TOL[dtype],
-                                 what=f"backward {name} {dtype} D={D} causal={causal}")
-                cases += 1
+                for variant in hopper.BWD_VARIANTS[D]:
+                    grads = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=causal, key_lengths=lengths,
+                                                      variant=variant)
+                    for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
+                        assert_close(got, want, dtype=dtype, rel_tol=GRAD_TOL[dtype],
+                                     what=f"backward {name} {dtype} D={D} causal={causal} variant {variant}")
+                    cases += 1
     torch.cuda.synchronize()
     print(f"hopper attention backward: {cases} kernel instantiations correct")
     return 0

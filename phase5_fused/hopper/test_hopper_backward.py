@@ -131,6 +131,23 @@ def test_direct_call_matches_autograd(dtype):
 
 
 @requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", hopper.BWD_VARIANTS[128])
+def test_every_variant(dtype, causal, variant):
+    """Each way of sharing dQ between the warpgroups (BWD_VARIANTS) through the direct call, on
+    lengths that cut the last query and key blocks short and pad a batch's keys."""
+    B, H, Sq, Sk, D = 2, 2, 200, 333, 128
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    lengths = torch.tensor([Sk, 150], device="cuda")
+    kw = {"is_causal": causal, "key_lengths": lengths}
+    out, lse = hopper.attention(q, k, v, return_lse=True, **kw)
+    grads = hopper.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    check_tc(grads, refs, sdpa_grads(q, k, v, dout, **kw), f"{info} variant {variant}")
+
+
+@requires_hopper
 def test_repeated_calls_agree():
     """The dQ atomics add in any order: two calls agree to rounding, not necessarily bit for bit;
     dK and dV have no atomics and agree exactly."""
@@ -168,11 +185,15 @@ def test_bad_inputs_named():
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         hopper.attention_backward(x, x, x, x, lse, x)
     ops = hopper.load()
+    with pytest.raises(ValueError, match=r"variant must be one of \(0,\) at D=64"):
+        hopper.attention_backward(q, k, v, out, lse, dout, variant=1)
     with pytest.raises(RuntimeError, match="lse must have shape"):
-        ops.attention_backward(q, k, v, out, lse[:, :1], dout, None, False, None, None)
+        ops.attention_backward(q, k, v, out, lse[:, :1], dout, None, False, None, None, 0)
     with pytest.raises(RuntimeError, match="not supported by the Hopper backward"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
-        ops.attention_backward(x, x, x, x, lse, x, None, False, None, None)
+        ops.attention_backward(x, x, x, x, lse, x, None, False, None, None, 0)
     with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
         ops.attention_backward(q, k[:, :1].contiguous(), v[:, :1].contiguous(), out, lse, dout, None, False, None,
-                               None)
+                               None, 0)
+    with pytest.raises(RuntimeError, match=r"variant must be 0 \(dQ by keys\) or, at D=128, 1"):
+        ops.attention_backward(q, k, v, out, lse, dout, None, False, None, None, 1)
