@@ -4,11 +4,11 @@
                               (q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse[, variant])
     register_tc(op_name)      phase5_fused_tc::attention_lse
                               (q, k, v, mask, is_causal, scale, key_lengths)
-    register_hopper(op_name, load, default_variant)
+    register_hopper(op_name, load, variant)
                               phase5_fused_hopper::attention
                               (q, k, v, is_causal, scale, key_lengths, return_lse, version), whose
                               backward op lives in that lesson's own extension (load()), run
-                              with default_variant(D)
+                              as `variant`
 
 Each forward package calls its function right after loading its extension (utils.build.op_loader's
 hook), so the registration happens once per process and only where the forward is used. This module
@@ -71,10 +71,10 @@ def register_tc(name: str) -> None:
     _REGISTERED.add(name)
 
 
-def register_hopper(name: str, load, default_variant) -> None:
+def register_hopper(name: str, load, variant: int) -> None:
     """Autograd for the Hopper forward op: its own backward op, attention_backward of the extension
-    that load() returns (hopper_bwd.cu; compiled for sm_90a only, so not in this lesson's), with the
-    variant default_variant(D) (D may be symbolic under torch.compile)."""
+    that load() returns (hopper_bwd.cu; compiled for sm_90a only, so not in this lesson's), run as
+    `variant`."""
     if name in _REGISTERED:
         return
 
@@ -93,7 +93,7 @@ def register_hopper(name: str, load, default_variant) -> None:
         q, k, v, out, dout = (_aligned(x.contiguous()) for x in (q, k, v, out, dout))
         dlse = None if grad_lse is None else grad_lse.contiguous()
         dq, dk, dv = load().attention_backward(q, k, v, out, lse, dout, dlse, ctx.is_causal, ctx.scale, key_lengths,
-                                               default_variant(q.shape[-1]))
+                                               variant)
         return dq, dk, dv, None, None, None, None, None
 
     torch.library.register_autograd(name, backward, setup_context=setup_context)

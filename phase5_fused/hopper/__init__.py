@@ -44,10 +44,10 @@ VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingp
 DEFAULT_VERSION = "v4_pingpong"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
-# The backward's variants per head dim (hopper_bwd.cu: how its two warpgroups share dQ; 0 by keys,
-# 1 by columns, which needs D = 128) and the one autograd runs: the faster in the variants table.
-BWD_VARIANTS = {64: (0,), 128: (0, 1)}
-BWD_DEFAULT_VARIANT = {64: 0, 128: 1}
+# The backward's variants, each adding one idea to the one before (hopper_bwd.cu): 0 dQ by keys,
+# 1 dQ by columns, 2 by columns with one wait per step; and the one autograd runs.
+BWD_VARIANTS = (0, 1, 2)
+BWD_DEFAULT_VARIANT = 2
 # The GPU these kernels run on (compute capability).
 HOPPER = (9, 0)
 
@@ -72,7 +72,7 @@ def _register_fakes() -> None:
     # nothing of this one, so this lazy import closes no circle).
     from phase5_fused.backward import autograd
 
-    autograd.register_hopper(f"{NAME}::attention", load, lambda D: BWD_DEFAULT_VARIANT.get(int(D), 0))
+    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT)
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
@@ -167,14 +167,14 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
     dout. q, k, v as attention takes them but with one K/V head per query head; non-contiguous tensors
     are copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
     lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of
-    BWD_VARIANTS[D]; None: BWD_DEFAULT_VARIANT[D], the one autograd runs."""
+    BWD_VARIANTS; None: BWD_DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
         is_causal=is_causal, scale=scale)
     if variant is None:
-        variant = BWD_DEFAULT_VARIANT[D]
-    if isinstance(variant, bool) or variant not in BWD_VARIANTS[D]:
-        raise ValueError(f"variant must be one of {BWD_VARIANTS[D]} at D={D}, got {variant!r}")
+        variant = BWD_DEFAULT_VARIANT
+    if isinstance(variant, bool) or variant not in BWD_VARIANTS:
+        raise ValueError(f"variant must be one of {BWD_VARIANTS}, got {variant!r}")
     tracing = torch.compiler.is_compiling()
     if not tracing:
         check_hopper(q.device)

@@ -17,8 +17,12 @@
 //                                           keys: it waits for its own dS^T only
 //                            1, by columns: warpgroup w adds columns D/2 w.. of dS K_j over all 128
 //                                           keys: half the atomics, after a barrier of both
-//                                           warpgroups (D = 128 only: a wgmma B operand of D/2 = 32
-//                                           columns would start inside a 64-column swizzle panel)
+//                                           warpgroups (at D = 64 warpgroup 1's B operand starts
+//                                           64 bytes into the rows of K_j's swizzled panel, as a
+//                                           K-major k-step starts 32 bytes in: the swizzle is a
+//                                           function of the address, so any 16-byte start works)
+//                            2, by columns, one wait: dV, dK and dQ issued as one commit group and
+//                                           waited for once (1 waits for dV, dK before it issues dQ)
 // Against bwd_tc.cu: no ldmatrix at all (wgmma reads both shared operands through descriptors), one
 // instruction per 64 x N x 16 product instead of 4 x N/8, and no thread computes a copy address.
 //
@@ -66,10 +70,10 @@ struct BwdSmem {
   static_assert(kBwdBc == kBN, "zero_padded_rows clears panels of kBN rows");
 };
 
-template <typename T, int D, bool kDqByColumns>
+template <typename T, int D, int kVariant>
 __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid_constant__ BwdParams p) {
   using L = BwdSmem<D>;
-  static_assert(!kDqByColumns || D == 128, "dQ by columns: two 64-column panels");
+  constexpr bool kDqByColumns = kVariant >= 1, kOneWait = kVariant >= 2;
   constexpr int kDqN = kDqByColumns ? D / 2 : D;  // dQ columns one warpgroup adds
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     for (int kk = 0; kk < kBwdBr / 16; ++kk) wgmma_rs<T, D>(dv, pa[kk], desc_mn_major(do_tile + kk * 2048, L::kQPanel));
 #pragma unroll
     for (int kk = 0; kk < kBwdBr / 16; ++kk) wgmma_rs<T, D>(dk, dsa[kk], desc_mn_major(q_tile + kk * 2048, L::kQPanel));
-    wgmma_commit();
+    if constexpr (!kOneWait) wgmma_commit();
     // Meanwhile: the next block's L_i, D_i into the other stage, and every warp's dS^T stores
     // visible to wgmma (the async proxy) before the warpgroup (by keys) or both (by columns) read them.
     if (prefetch_stats) stage_stat((step + 1) % kBwdStages, next_stat);
@@ -259,10 +263,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     } else {
       named_barrier_sync(2 + wg, kWarpgroup);
     }
-    wgmma_wait<0>();
-    fence_operand(dv);
-    fence_operand(dk);
-    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
+    auto done_with_q_do = [&] {
+      wgmma_wait<0>();
+      fence_operand(dv);
+      fence_operand(dk);
+      mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
+    };
+    if constexpr (!kOneWait) done_with_q_do();
 
     // Step 5: the warpgroup's part of dQ_i = dS K_j: A = dS (queries x keys) read from the stored
     // dS^T (MN-major: queries contiguous; 16 keys = +2048 bytes, the two warpgroups' panels are
@@ -270,7 +277,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     // columns: all 128 keys, panel w of K_j.
     float dq[kDqN / 2];
     const uint32_t ds_a = smem_addr(kDqByColumns ? ds_pair : ds_tile);
-    const uint32_t k_b = kDqByColumns ? smem_addr(smem + L::kK) + wg * L::kKVPanel : k_w;
+    // by columns: the warpgroup's D/2 columns of K_j, panel w at D = 128, half a panel at D = 64
+    const uint32_t k_b = kDqByColumns ? smem_addr(smem + L::kK) + (wg * kDqN / 64) * L::kKVPanel + (wg * kDqN % 64) * 2
+                                      : k_w;
     fence_operand(dq);
     wgmma_fence();
 #pragma unroll
@@ -278,6 +287,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
       wgmma_ss<T, kDqN, 1, 1>(dq, desc_mn_major(ds_a + kk * 2048, L::kDSBytes),
                               desc_mn_major(k_b + kk * 2048, L::kKVPanel), kk > 0);
     wgmma_commit();
+    if constexpr (kOneWait) done_with_q_do();  // also waits for dQ
     wgmma_wait<0>();
     fence_operand(dq);
     // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
@@ -327,19 +337,19 @@ __global__ void hopper_dq_convert_kernel(const float* accum, T* dq, int64_t pair
   *reinterpret_cast<uint32_t*>(dq + idx * 2) = tc::pack2<T>(scale * v.x, scale * v.y);
 }
 
-template <typename T, int D, bool kDqByColumns>
+template <typename T, int D, int kVariant>
 void launch_instance(const BwdParams& p, int64_t blocks, int device, cudaStream_t stream) {
   constexpr int kSmem = BwdSmem<D>::kBytes;
-  course::opt_in_shared_memory<hopper_bwd_kernel<T, D, kDqByColumns>>(device, kSmem);
-  hopper_bwd_kernel<T, D, kDqByColumns><<<static_cast<unsigned>(blocks), kBwdThreads, kSmem, stream>>>(p);
+  course::opt_in_shared_memory<hopper_bwd_kernel<T, D, kVariant>>(device, kSmem);
+  hopper_bwd_kernel<T, D, kVariant><<<static_cast<unsigned>(blocks), kBwdThreads, kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The variant's dQ split (the header); 1 exists at D = 128 only.
-bool dq_by_columns(int D, int variant) {
-  TORCH_CHECK(variant == 0 || (variant == 1 && D == 128), "variant must be 0 (dQ by keys) or, at D=128, 1 (dQ by "
-              "columns), got ", variant, " at D=", D);
-  return variant == 1;
+// Whether the variant (the header) splits dQ by columns.
+bool dq_by_columns(int variant) {
+  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0 (dQ by keys), 1 (dQ by columns) or 2 (by columns, "
+              "one wait), got ", variant);
+  return variant >= 1;
 }
 
 }  // namespace
@@ -349,21 +359,20 @@ void launch_backward(const BwdParams& p, int D, int variant, Dtype dtype, cudaSt
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t blocks = static_cast<int64_t>((p.Sk + kBwdBc - 1) / kBwdBc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", kBwdBc, ")) for one grid");
-  const bool by_columns = dq_by_columns(D, variant);
+  dq_by_columns(variant);  // checks it
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    if constexpr (kD == 128) {
-      if (by_columns) return launch_instance<T, kD, true>(p, blocks, device, stream);
-    }
-    launch_instance<T, kD, false>(p, blocks, device, stream);
+    if (variant == 0) return launch_instance<T, kD, 0>(p, blocks, device, stream);
+    if (variant == 1) return launch_instance<T, kD, 1>(p, blocks, device, stream);
+    launch_instance<T, kD, 2>(p, blocks, device, stream);
   });
 }
 
 void launch_dq_convert(const float* accum, void* dq, int64_t BH, int Sq, int D, int variant, int n_qblocks,
                        float scale, Dtype dtype, cudaStream_t stream) {
   const int64_t pairs = BH * Sq * (D / 2);
-  const int part_cols = dq_by_columns(D, variant) ? D / 2 : D;
+  const int part_cols = dq_by_columns(variant) ? D / 2 : D;
   constexpr int kThreads = 256;
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   TORCH_CHECK(blocks <= 0x7fffffff, "q: too many rows (B*H*Sq) for one grid");

@@ -173,7 +173,7 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
   return make_desc(smem_address, panel_bytes, 1024);
 }
 
-// The instructions (m64nNk16, FP32 accumulators, N = 64 or 128). d[4j + i] of thread t of warp w
+// The instructions (m64nNk16, FP32 accumulators; N = 64 or 128, and 32 for wgmma_ss). d[4j + i] of thread t of warp w
 // holds row 16w + (t%32)/4 + 8(i/2), column 8j + 2(t%4) + i%2, as mma.sync's C fragments.
 //   wgmma_ss: D (+)= A B with A [64 x 16] and B [16 x N] both in shared memory; scale_d = 0
 //             overwrites d (the first k-step), 1 accumulates. kTransA = kTransB = 0: both K-major
@@ -185,16 +185,19 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
 // The accumulator operands of an m64nNk16 wgmma: N / 2 FP32 registers per thread, read and written
 // ("+f"), and their placeholders in the instruction text (%0 .. %(N/2 - 1)); the operands after them
 // are numbered from N / 2 on.
+#define HOPPER_WGMMA_D16_TEXT "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define HOPPER_WGMMA_D32_TEXT \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  HOPPER_WGMMA_D16_TEXT ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define HOPPER_WGMMA_D64_TEXT \
   HOPPER_WGMMA_D32_TEXT ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define HOPPER_WGMMA_D32_OPERANDS \
+#define HOPPER_WGMMA_D16_OPERANDS \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define HOPPER_WGMMA_D32_OPERANDS \
+  HOPPER_WGMMA_D16_OPERANDS, \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define HOPPER_WGMMA_D64_OPERANDS \
@@ -215,8 +218,12 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
 
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 64 || N == 128, "compiled wgmma shapes: m64n64k16 and m64n128k16");
+  static_assert(N == 32 || N == 64 || N == 128, "compiled wgmma shapes: m64n32k16, m64n64k16 and m64n128k16");
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 32 && kBf16)
+    HOPPER_WGMMA_SS(32, "bf16", HOPPER_WGMMA_D16_TEXT, HOPPER_WGMMA_D16_OPERANDS, 16, 17, 18, 19, 20);
+  if constexpr (N == 32 && !kBf16)
+    HOPPER_WGMMA_SS(32, "f16", HOPPER_WGMMA_D16_TEXT, HOPPER_WGMMA_D16_OPERANDS, 16, 17, 18, 19, 20);
   if constexpr (N == 64 && kBf16)
     HOPPER_WGMMA_SS(64, "bf16", HOPPER_WGMMA_D32_TEXT, HOPPER_WGMMA_D32_OPERANDS, 32, 33, 34, 35, 36);
   if constexpr (N == 64 && !kBf16)

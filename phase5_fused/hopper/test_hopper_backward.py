@@ -133,11 +133,12 @@ def test_direct_call_matches_autograd(dtype):
 @requires_hopper
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("variant", hopper.BWD_VARIANTS[128])
-def test_every_variant(dtype, causal, variant):
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("variant", hopper.BWD_VARIANTS)
+def test_every_variant(dtype, causal, D, variant):
     """Each way of sharing dQ between the warpgroups (BWD_VARIANTS) through the direct call, on
     lengths that cut the last query and key blocks short and pad a batch's keys."""
-    B, H, Sq, Sk, D = 2, 2, 200, 333, 128
+    B, H, Sq, Sk = 2, 2, 200, 333
     q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
     lengths = torch.tensor([Sk, 150], device="cuda")
     kw = {"is_causal": causal, "key_lengths": lengths}
@@ -185,8 +186,8 @@ def test_bad_inputs_named():
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         hopper.attention_backward(x, x, x, x, lse, x)
     ops = hopper.load()
-    with pytest.raises(ValueError, match=r"variant must be one of \(0,\) at D=64"):
-        hopper.attention_backward(q, k, v, out, lse, dout, variant=1)
+    with pytest.raises(ValueError, match=r"variant must be one of \(0, 1, 2\)"):
+        hopper.attention_backward(q, k, v, out, lse, dout, variant=3)
     with pytest.raises(RuntimeError, match="lse must have shape"):
         ops.attention_backward(q, k, v, out, lse[:, :1], dout, None, False, None, None, 0)
     with pytest.raises(RuntimeError, match="not supported by the Hopper backward"):
@@ -195,5 +196,5 @@ def test_bad_inputs_named():
     with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
         ops.attention_backward(q, k[:, :1].contiguous(), v[:, :1].contiguous(), out, lse, dout, None, False, None,
                                None, 0)
-    with pytest.raises(RuntimeError, match=r"variant must be 0 \(dQ by keys\) or, at D=128, 1"):
-        ops.attention_backward(q, k, v, out, lse, dout, None, False, None, None, 1)
+    with pytest.raises(RuntimeError, match=r"variant must be 0 \(dQ by keys\), 1"):
+        ops.attention_backward(q, k, v, out, lse, dout, None, False, None, None, 3)
