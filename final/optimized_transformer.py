@@ -12,8 +12,8 @@ What runs where, per block (the baseline computes x + attn(ln1(x)), then + mlp(l
     step                 FP32 model                              FP16 / BF16 model
     ln1 (block 0 only)   phase 6 layer_norm                      phase 6 layer_norm
     qkv, proj, lm_head   cuBLAS (F.linear), as the baseline      cuBLAS (F.linear)
-    attention            final.attention mode "fused" (phase 5)  mode "auto": fused_hopper on an H100 for
-                                                                 inference, else fused_tc (phase 5)
+    attention            final.attention mode "fused" (phase 5)  mode "auto": fused_hopper on an H100
+                                                                 (training too), else fused_tc (phase 5)
     residual + ln2       phase 6 add_layer_norm (one pass)       phase 6 add_layer_norm
     mlp                  phase 6 mlp (two SGEMMs, fused bias/     cuBLAS GEMMs + phase 6 gelu (phase 6's
                          GELU/residual epilogues)                 GEMMs are FP32 only)
@@ -88,8 +88,8 @@ class OptimizedTransformer(nn.Module):
         self.tok_emb, self.pos_emb, self.blocks = base.tok_emb, base.pos_emb, base.blocks
         self.ln_f, self.lm_head = base.ln_f, base.lm_head
         self.dtype, self.mlp_impl = dtype, mlp
-        # FP16/BF16: auto takes the Hopper kernel on an H100 for inference, the mma.sync kernel
-        # elsewhere and whenever a gradient is needed (the Hopper kernel has no backward pass).
+        # FP16/BF16: auto takes the Hopper kernels on an H100 (forward and backward), the mma.sync
+        # kernels elsewhere.
         self.attention_mode = "fused" if dtype == torch.float32 else "auto"
         self.to(dtype).eval()
 

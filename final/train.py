@@ -8,8 +8,8 @@ time per step. Implementations (IMPLS):
     optimized         FP32 OptimizedTransformer: phase 5 fused attention (its backward), phase 6
                       LayerNorm and MLP with phase 6's backward kernels
     torch_sdpa_bf16   the phase 1 GPT with BF16 weights, torch SDPA
-    optimized_bf16    the OptimizedTransformer with BF16 weights: phase 5 tensor-core attention,
-                      phase 6 LayerNorm and GELU, cuBLAS GEMMs
+    optimized_bf16    the OptimizedTransformer with BF16 weights: phase 5 attention (the Hopper
+                      kernels on an H100, else tensor cores), phase 6 LayerNorm and GELU, cuBLAS GEMMs
 BF16 runs keep their weights and AdamW state in BF16 (no FP32 master copy): the simplest mixed
 setup, and the same for both models.
 
@@ -51,7 +51,8 @@ IMPLS = {
     "torch_sdpa": ("float32", "phase 1 GPT, torch SDPA attention"),
     "optimized": ("float32", "OptimizedTransformer: phase 5 fused attention, phase 6 LayerNorm + MLP"),
     "torch_sdpa_bf16": ("bfloat16", "phase 1 GPT, BF16 weights, torch SDPA attention"),
-    "optimized_bf16": ("bfloat16", "OptimizedTransformer, BF16 weights: phase 5 tensor-core attention, phase 6 LayerNorm"),
+    "optimized_bf16": ("bfloat16", "OptimizedTransformer, BF16 weights: phase 5 attention (Hopper or tensor cores), "
+                       "phase 6 LayerNorm"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

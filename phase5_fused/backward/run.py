@@ -15,7 +15,9 @@
    At S=4096 the tensor-core kernel's two tile configurations (bwd_tc.cu: variant 0, 4 warps and
    Bc = 64; variant 1, 8 warps and Bc = 128; autograd's default per D is backward.default_variant)
    are also timed by calling the backward op directly on the saved out and lse: rows
-   phase5_fused_bwd_tc_v0 and _v1.
+   phase5_fused_bwd_tc_v0 and _v1; likewise the Hopper kernel's variants (hopper_bwd.cu: 0, dQ
+   shared by keys; 1, by columns; autograd runs hopper.BWD_DEFAULT_VARIANT), rows
+   phase5_fused_bwd_hopper_v0 and _v1, on Hopper GPUs.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
@@ -78,15 +80,18 @@ def make_inputs(S, D, dtype, seed):
 
 
 def backward_call(forward, leaves, dout, causal, variant):
-    """The timed call: autograd's backward of one saved forward, or, with a variant, the tensor-core
-    backward op itself on the saved out and lse."""
+    """The timed call: autograd's backward of one saved forward, or, with a variant ("tc" or
+    "hopper", number), that kernel's backward op itself on the saved out and lse."""
     q, k, v = leaves
     if variant is None:
         out = forward(q, k, v, causal)
         return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    kernel, number = variant
+    module, backward_fn = (hopper, hopper.attention_backward) if kernel == "hopper" else \
+        (tensor_cores, backward.attention_backward)
     with torch.no_grad():
-        out, lse = tensor_cores.attention(q, k, v, is_causal=causal, return_lse=True)
-    return lambda: backward.attention_backward(q, k, v, out, lse, dout, is_causal=causal, variant=variant)
+        out, lse = module.attention(q, k, v, is_causal=causal, return_lse=True)
+    return lambda: backward_fn(q, k, v, out, lse, dout, is_causal=causal, variant=number)
 
 
 def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
@@ -110,7 +115,7 @@ def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
            "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
            "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms), "extra_mb": peak_extra_mb(grad)}
     if variant is not None:
-        row["variant"] = variant
+        row["variant"] = variant[1]
     if refs is not None:
         row["rel_err"] = max(rel_error(g.nan_to_num(0.0), r) for g, r in zip(grads, refs))
     return row
@@ -133,9 +138,12 @@ def benchmark(seq_lens) -> list[dict]:
                 if impl_dtype == dtype:
                     rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, refs))
             if dtype == torch.float16 and S == VARIANT_S:
-                for variant in range(backward.VARIANTS[dtype]):
-                    rows.append(backward_row(f"phase5_fused_bwd_tc_v{variant}", None, leaves, dout, causal, None,
-                                             variant=variant))
+                variants = [("tc", n) for n in range(backward.VARIANTS[dtype])]
+                if tuple(torch.cuda.get_device_capability()) == hopper.HOPPER:
+                    variants += [("hopper", n) for n in hopper.BWD_VARIANTS]
+                for kernel, number in variants:
+                    rows.append(backward_row(f"phase5_fused_bwd_{kernel}_v{number}", None, leaves, dout, causal, None,
+                                             variant=(kernel, number)))
             del leaves, dout, refs
             torch.cuda.empty_cache()
         return [r for r in rows if r is not None]

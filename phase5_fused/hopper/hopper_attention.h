@@ -65,7 +65,7 @@ constexpr int kBwdBr = 64;
 constexpr int kBwdBc = 128;
 
 // dk, dv and the dQ accumulator of one backward call; then dq = scale * accumulator in q's dtype.
-// variant (hopper_bwd.cu): 0 dQ by keys, 1 dQ by columns, 2 by columns with one wait per step.
+// variant (hopper_bwd.cu): 0 dQ by keys, 1 dQ by columns.
 void launch_backward(const BwdParams& p, int D, int variant, Dtype dtype, cudaStream_t stream);
 void launch_dq_convert(const float* accum, void* dq, int64_t BH, int Sq, int D, int variant, int n_qblocks,
                        float scale, Dtype dtype, cudaStream_t stream);

@@ -21,8 +21,6 @@
 //                                           64 bytes into the rows of K_j's swizzled panel, as a
 //                                           K-major k-step starts 32 bytes in: the swizzle is a
 //                                           function of the address, so any 16-byte start works)
-//                            2, by columns, one wait: dV, dK and dQ issued as one commit group and
-//                                           waited for once (1 waits for dV, dK before it issues dQ)
 // Against bwd_tc.cu: no ldmatrix at all (wgmma reads both shared operands through descriptors), one
 // instruction per 64 x N x 16 product instead of 4 x N/8, and no thread computes a copy address.
 //
@@ -73,7 +71,7 @@ struct BwdSmem {
 template <typename T, int D, int kVariant>
 __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid_constant__ BwdParams p) {
   using L = BwdSmem<D>;
-  constexpr bool kDqByColumns = kVariant >= 1, kOneWait = kVariant >= 2;
+  constexpr bool kDqByColumns = kVariant == 1;
   constexpr int kDqN = kDqByColumns ? D / 2 : D;  // dQ columns one warpgroup adds
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
@@ -253,7 +251,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     for (int kk = 0; kk < kBwdBr / 16; ++kk) wgmma_rs<T, D>(dv, pa[kk], desc_mn_major(do_tile + kk * 2048, L::kQPanel));
 #pragma unroll
     for (int kk = 0; kk < kBwdBr / 16; ++kk) wgmma_rs<T, D>(dk, dsa[kk], desc_mn_major(q_tile + kk * 2048, L::kQPanel));
-    if constexpr (!kOneWait) wgmma_commit();
+    wgmma_commit();
     // Meanwhile: the next block's L_i, D_i into the other stage, and every warp's dS^T stores
     // visible to wgmma (the async proxy) before the warpgroup (by keys) or both (by columns) read them.
     if (prefetch_stats) stage_stat((step + 1) % kBwdStages, next_stat);
@@ -263,13 +261,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     } else {
       named_barrier_sync(2 + wg, kWarpgroup);
     }
-    auto done_with_q_do = [&] {
-      wgmma_wait<0>();
-      fence_operand(dv);
-      fence_operand(dk);
-      mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
-    };
-    if constexpr (!kOneWait) done_with_q_do();
+    wgmma_wait<0>();
+    fence_operand(dv);
+    fence_operand(dk);
+    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
 
     // Step 5: the warpgroup's part of dQ_i = dS K_j: A = dS (queries x keys) read from the stored
     // dS^T (MN-major: queries contiguous; 16 keys = +2048 bytes, the two warpgroups' panels are
@@ -287,7 +282,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
       wgmma_ss<T, kDqN, 1, 1>(dq, desc_mn_major(ds_a + kk * 2048, L::kDSBytes),
                               desc_mn_major(k_b + kk * 2048, L::kKVPanel), kk > 0);
     wgmma_commit();
-    if constexpr (kOneWait) done_with_q_do();  // also waits for dQ
     wgmma_wait<0>();
     fence_operand(dq);
     // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
@@ -347,9 +341,8 @@ void launch_instance(const BwdParams& p, int64_t blocks, int device, cudaStream_
 
 // Whether the variant (the header) splits dQ by columns.
 bool dq_by_columns(int variant) {
-  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0 (dQ by keys), 1 (dQ by columns) or 2 (by columns, "
-              "one wait), got ", variant);
-  return variant >= 1;
+  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 (dQ by keys) or 1 (dQ by columns), got ", variant);
+  return variant == 1;
 }
 
 }  // namespace
@@ -363,9 +356,8 @@ void launch_backward(const BwdParams& p, int D, int variant, Dtype dtype, cudaSt
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    if (variant == 0) return launch_instance<T, kD, 0>(p, blocks, device, stream);
-    if (variant == 1) return launch_instance<T, kD, 1>(p, blocks, device, stream);
-    launch_instance<T, kD, 2>(p, blocks, device, stream);
+    variant == 0 ? launch_instance<T, kD, 0>(p, blocks, device, stream)
+                 : launch_instance<T, kD, 1>(p, blocks, device, stream);
   });
 }
 

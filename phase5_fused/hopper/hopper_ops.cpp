@@ -4,8 +4,8 @@
 //       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
-//       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys), 1 (dQ by
-//       columns) or 2 (by columns, one wait per step).
+//       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys) or 1 (dQ by
+//       columns).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
