@@ -94,16 +94,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
   const int qb_first = p.causal ? k0 / kBwdBr : 0;
   const int n_steps = k0 < kv_len ? max((p.Sq + kBwdBr - 1) / kBwdBr - qb_first, 0) : 0;
 
-  // L_i log2(e) and D_i of the warpgroup's copy, stage s. A row past Sq or with no visible key at
-  // all (lse = -inf) stages L = +inf: its P = 2^(-inf) = 0 needs no test in the loop.
+  // L_i log2(e) and D_i of the warpgroup's copy, stage s: thread t < 64 loads (load_stat) and
+  // stages (stage_stat) L of row t of the query block, thread 64 + t its D_i. A row past Sq or with
+  // no visible key at all (lse = -inf) stages L = +inf: its P = 2^(-inf) = 0 needs no test in the
+  // loop. The loads fly for a whole step before their value is staged.
   float* stats = reinterpret_cast<float*>(smem + L::kStats) + wg * 2 * 2 * kBwdBr;
-  auto row_stat = [&](int qb) {
+  auto load_stat = [&](int qb) {
     const int row = qb * kBwdBr + wg_tid % kBwdBr;
     const int64_t at = static_cast<int64_t>(bh) * p.Sq + row;
-    if (wg_tid < kBwdBr) return row < p.Sq && p.lse[at] != -CUDART_INF_F ? p.lse[at] * kLog2e : CUDART_INF_F;
-    return row < p.Sq ? p.delta[at] : 0.0f;
+    if (row >= p.Sq) return wg_tid < kBwdBr ? -CUDART_INF_F : 0.0f;
+    return wg_tid < kBwdBr ? p.lse[at] : p.delta[at];
   };
-  auto stage_stat = [&](int s, float value) { stats[s * 2 * kBwdBr + wg_tid] = value; };  // L: [0, 64), Di: [64, 128)
+  auto stage_stat = [&](int s, float loaded) {  // L: [0, 64), Di: [64, 128)
+    const float l_log2 = loaded != -CUDART_INF_F ? loaded * kLog2e : CUDART_INF_F;
+    stats[s * 2 * kBwdBr + wg_tid] = wg_tid < kBwdBr ? l_log2 : loaded;
+  };
 
   if (tid == 0) {
     mbarrier_init(full_kv, 2);
@@ -113,7 +118,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     }
     fence_barrier_init();
   }
-  if (n_steps > 0) stage_stat(0, row_stat(qb_first));
+  if (n_steps > 0) stage_stat(0, load_stat(qb_first));
+  float next_stat = n_steps > 1 ? load_stat(qb_first + 1) : 0.0f;  // staged in step 0
   __syncthreads();
 
   // Q_i and dO_i of step `step` into its stage (one thread).
@@ -158,8 +164,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
       if (step >= 1) mbarrier_wait(&empty[(step + 1) % kBwdStages], ((step - 1) / kBwdStages) & 1);
       load_q_do(step + 1);
     }
-    const bool prefetch_stats = step + 1 < n_steps;
-    const float next_stat = prefetch_stats ? row_stat(qb_first + step + 1) : 0.0f;  // staged below
+    // Step + 1's L_i, D_i (loaded a step ago) are staged below; step + 2's are loaded now.
+    const float stat_to_stage = next_stat;
+    if (step + 2 < n_steps) next_stat = load_stat(qb_first + step + 2);
     mbarrier_wait(&full[s], (step / kBwdStages) & 1);
 
     // Step 1: S^T = K_w Q_i^T and dP^T = V_w dO_i^T, k = head dim in steps of 16.
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     wgmma_commit();
     // Meanwhile: the next block's L_i, D_i into the other stage, and every warp's dS^T stores
     // visible to wgmma (the async proxy) before the warpgroup (by keys) or both (by columns) read them.
-    if (prefetch_stats) stage_stat((step + 1) % kBwdStages, next_stat);
+    if (step + 1 < n_steps) stage_stat((step + 1) % kBwdStages, stat_to_stage);
     fence_proxy_async();
     if constexpr (kDqByColumns) {
       named_barrier_sync(1, kBwdThreads);
