@@ -77,18 +77,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   p.window = course::check_window(window, is_causal, s.Sq);
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
   p.masking = course::make_masking(mask, is_causal, stride, s, q);
-  p.key_lengths = nullptr;
-  if (key_lengths.has_value() && key_lengths->defined()) {
-    const at::Tensor& kl = *key_lengths;
-    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
-    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
-                "key_lengths must be int32 or int64, got ", kl.scalar_type());
-    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must have shape [B=", s.B,
-                "], got ", kl.sizes());
-    // Clamp to [0, Sk] in 64 bits, then int32 for the kernel (a few bytes per batch).
-    prep.key_lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
-    p.key_lengths = prep.key_lengths.data_ptr<int>();
-  }
+  prep.key_lengths = course::clamped_key_lengths(key_lengths, s, q);
+  p.key_lengths = prep.key_lengths.defined() ? prep.key_lengths.data_ptr<int>() : nullptr;
   return prep;
 }
 

@@ -101,16 +101,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const c10::cuda::CUDAGuard guard(q.device());
   check_hopper_gpu();
 
-  at::Tensor lengths;
-  if (key_lengths.has_value() && key_lengths->defined()) {
-    const at::Tensor& kl = *key_lengths;
-    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
-    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
-                "key_lengths must be int32 or int64, got ", kl.scalar_type());
-    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must be [B] = [", s.B, "], got ", kl.sizes());
-    // Lengths past Sk mean "all keys", negative ones "no key": clamp, then int32 for the kernel.
-    lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
-  }
+  const at::Tensor lengths = course::clamped_key_lengths(key_lengths, s, q);
   // o in q's layout family: [B, Sq, H, D] memory seen as [B, H, Sq, D] when q's heads are interleaved
   // within a position (heads split from [B, S, H * D] activations: merging them back is then free),
   // else contiguous [B, H, Sq, D]. The op's fake (__init__.py) follows the same rule.

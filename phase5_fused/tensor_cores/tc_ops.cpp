@@ -61,16 +61,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c1
 
   const c10::cuda::CUDAGuard guard(q.device());
   const course::AttentionMasking masking = course::make_masking(mask, is_causal, 1, s, q);
-  at::Tensor lengths;
-  if (key_lengths.has_value() && key_lengths->defined()) {
-    const at::Tensor& kl = *key_lengths;
-    TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
-    TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
-                "key_lengths must be int32 or int64, got ", kl.scalar_type());
-    TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must be [B] = [", s.B, "], got ", kl.sizes());
-    // Lengths past Sk mean "all keys", negative ones "no key": clamp, then int32 for the kernel.
-    lengths = kl.clamp(0, s.Sk).to(at::kInt).contiguous();
-  }
+  const at::Tensor lengths = course::clamped_key_lengths(key_lengths, s, q);
   phase5_tc::launch_tc_attention(q, k, v, out, lse, lengths.defined() ? lengths.data_ptr<int>() : nullptr,
                                  masking, static_cast<float>(scale), static_cast<int>(kernel_window),
                                  c10::cuda::getCurrentCUDAStream());

@@ -62,6 +62,20 @@ inline AttentionShape check_qkv(const at::Tensor& q, const at::Tensor& k, const 
   return s;
 }
 
+// key_lengths [B] (int32 or int64, on q's device) as the kernels read it: clamped to [0, Sk] (a
+// length past Sk means every key, a negative one none) and converted to int32, a few bytes per
+// batch. An undefined tensor when there is none.
+inline at::Tensor clamped_key_lengths(const c10::optional<at::Tensor>& key_lengths, const AttentionShape& s,
+                                      const at::Tensor& q) {
+  if (!key_lengths.has_value() || !key_lengths->defined()) return at::Tensor();
+  const at::Tensor& kl = *key_lengths;
+  TORCH_CHECK(kl.is_cuda() && kl.device() == q.device(), "key_lengths must be on q's device");
+  TORCH_CHECK(kl.scalar_type() == at::kInt || kl.scalar_type() == at::kLong,
+              "key_lengths must be int32 or int64, got ", kl.scalar_type());
+  TORCH_CHECK(kl.dim() == 1 && kl.size(0) == s.B, "key_lengths must be [B] = [", s.B, "], got ", kl.sizes());
+  return kl.clamp(0, s.Sk).to(at::kInt).contiguous();
+}
+
 // Broadcast view of an optional mask: bool (true = attend) or float32 (added to the scores).
 inline MaskView make_mask_view(const c10::optional<at::Tensor>& mask, const AttentionShape& s,
                                const at::Tensor& q) {
