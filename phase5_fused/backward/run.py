@@ -54,9 +54,12 @@ PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("sd
 NCU_REGEX = "tc_backward_kernel|flash_bwd_dq_dk_dv|fp32_backward_kernel|fmha_cutlassB|hopper_bwd_kernel"
 BACKWARD_FLOP_FACTOR = 2.5
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
-IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"), ("sdpa_flash", torch.float16, "sdpa_flash"),
-         ("sdpa_cudnn", torch.float16, "sdpa_cudnn"), ("phase5_fused_bwd", torch.float32, "fp32"),
-         ("sdpa_efficient", torch.float32, "sdpa_efficient")]
+IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"),
+         ("sdpa_flash", torch.float16, "sdpa_flash"), ("sdpa_cudnn", torch.float16, "sdpa_cudnn"),
+         ("phase5_fused_bwd", torch.float32, "fp32"), ("sdpa_efficient", torch.float32, "sdpa_efficient")]
+# The kernels whose variants are timed by a direct call: (forward returning lse, backward op).
+VARIANT_CALLS = {"tc": (tensor_cores.attention, backward.attention_backward),
+                 "hopper": (hopper.attention, hopper.attention_backward)}
 
 
 def forward_fn(name):
@@ -73,6 +76,11 @@ def forward_fn(name):
     return lambda q, k, v, c: fn(q, k, v, is_causal=c)
 
 
+def on_hopper() -> bool:
+    """Whether the current GPU runs the Hopper kernels (sm_90)."""
+    return hopper.device_capability(torch.cuda.current_device()) == hopper.HOPPER
+
+
 def make_inputs(S, D, dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
@@ -87,10 +95,9 @@ def backward_call(forward, leaves, dout, causal, variant):
         out = forward(q, k, v, causal)
         return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
     kernel, number = variant
-    module, backward_fn = (hopper, hopper.attention_backward) if kernel == "hopper" else \
-        (tensor_cores, backward.attention_backward)
+    forward_lse, backward_fn = VARIANT_CALLS[kernel]
     with torch.no_grad():
-        out, lse = module.attention(q, k, v, is_causal=causal, return_lse=True)
+        out, lse = forward_lse(q, k, v, is_causal=causal, return_lse=True)
     return lambda: backward_fn(q, k, v, out, lse, dout, is_causal=causal, variant=number)
 
 
@@ -139,7 +146,7 @@ def benchmark(seq_lens) -> list[dict]:
                     rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, refs))
             if dtype == torch.float16 and S == VARIANT_S:
                 variants = [("tc", n) for n in range(backward.VARIANTS[dtype])]
-                if tuple(torch.cuda.get_device_capability()) == hopper.HOPPER:
+                if on_hopper():
                     variants += [("hopper", n) for n in hopper.BWD_VARIANTS]
                 for kernel, number in variants:
                     rows.append(backward_row(f"phase5_fused_bwd_{kernel}_v{number}", None, leaves, dout, causal, None,
@@ -157,8 +164,7 @@ def benchmark(seq_lens) -> list[dict]:
 
 def profiled_calls() -> list:
     """PROFILE_CALLS that this GPU can run (the Hopper kernel's on sm_90 only)."""
-    on_hopper = tuple(torch.cuda.get_device_capability()) == hopper.HOPPER
-    return [c for c in PROFILE_CALLS if on_hopper or c[0] != "phase5_fused_bwd_hopper"]
+    return [c for c in PROFILE_CALLS if on_hopper() or c[0] != "phase5_fused_bwd_hopper"]
 
 
 def profile_target(names: str) -> None:

@@ -57,7 +57,7 @@ inline bool tensor_core_head_dim(int64_t d) { return d == 64 || d == 128; }
 constexpr int kCudaCoreStages = 2;
 inline bool tensor_core_stages(int64_t s) { return s == 2 || s == 3; }
 
-// One decoding step. Shapes, dtypes and devices are checked by the caller; o_part / lse_part are
+// One decoding step. Shapes, dtypes, devices and stages are checked by the caller; o_part / lse_part are
 // fp32 workspaces when p.num_splits > 1. Launches the split kernel (on tensor cores if asked,
 // decode_split_tc.cu, with a ring of `stages` stages; the CUDA-core kernel takes kCudaCoreStages),
 // then (num_splits > 1) the merge kernel, on `stream`, and checks each launch.

@@ -11,7 +11,7 @@ FP32 [B, H, Sq]). Rows with no visible key give zeros and lse = -inf. Boolean / 
 not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each version of the lesson
 (VERSIONS, README "Versions") is selectable; DEFAULT_VERSION is the one the API uses.
 
-The backward pass (hopper_bwd.cu, README "The backward pass on Hopper") is FlashAttention-2's
+The backward pass (hopper_bwd.cu, ../backward/README.md "On Hopper") is FlashAttention-2's
 Algorithm 2 on TMA and wgmma: attention_backward calls it directly, and attention is differentiable
 through it (autograd registered on the op), for one K/V head per query head.
 

@@ -169,23 +169,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     if (step + 2 < n_steps) next_stat = load_stat(qb_first + step + 2);
     mbarrier_wait(&full[s], (step / kBwdStages) & 1);
 
-    // Step 1: S^T = K_w Q_i^T and dP^T = V_w dO_i^T, k = head dim in steps of 16.
+    // Step 1: S^T = K_w Q_i^T and dP^T = V_w dO_i^T, k = head dim in steps of 16 (panel kk / 4,
+    // 32 bytes per k-step inside it), both operands K-major.
     float st[kBwdBr / 2], dpt[kBwdBr / 2];
+    auto transposed_scores = [&](float (&acc)[kBwdBr / 2], uint32_t keys, uint32_t queries) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss<T, kBwdBr>(acc, desc_k_major(keys + (kk / 4) * L::kKVPanel + (kk % 4) * 32),
+                            desc_k_major(queries + (kk / 4) * L::kQPanel + (kk % 4) * 32), kk > 0);
+    };
     fence_operand(st);
     fence_operand(dpt);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;  // panel kk / 4, 32 bytes per k-step
-      const uint32_t b_off = (kk / 4) * L::kQPanel + (kk % 4) * 32;
-      wgmma_ss<T, kBwdBr>(st, desc_k_major(k_w + a_off), desc_k_major(q_tile + b_off), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
-      const uint32_t b_off = (kk / 4) * L::kQPanel + (kk % 4) * 32;
-      wgmma_ss<T, kBwdBr>(dpt, desc_k_major(v_w + a_off), desc_k_major(do_tile + b_off), kk > 0);
-    }
+    transposed_scores(st, k_w, q_tile);
+    transposed_scores(dpt, v_w, do_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operand(st);
@@ -225,7 +222,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
 
     // Step 3: P^T and dS^T rounded to T: the accumulators of n8 tiles 2kk, 2kk + 1 are wgmma's A
     // fragment for queries 16kk..16kk+15 (as P in the forward). dS^T also goes to shared memory
-    // for dQ: row = key (16 warp + g + 8h), chunk j = 8 queries, swizzled as TMA would (row % 8 = g).
+    // for dQ: row = key (16 warp + g + 8h), chunk j = 8 queries, swizzled as TMA would.
     uint32_t pa[kBwdBr / 16][4], dsa[kBwdBr / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBwdBr / 16; ++kk) {
@@ -240,7 +237,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 16 * warp + g + 8 * h;
-        *reinterpret_cast<uint32_t*>(ds_tile + row * kPanelBytes + ((j ^ g) * 16) + 4 * t) = dsa[j / 2][(j % 2) * 2 + h];
+        *reinterpret_cast<uint32_t*>(ds_tile + swizzled_chunk(row, j, L::kDSBytes) + 4 * t) = dsa[j / 2][(j % 2) * 2 + h];
       }
     }
 

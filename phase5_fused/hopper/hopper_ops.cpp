@@ -72,6 +72,13 @@ CUtensorMap make_tensor_map(const at::Tensor& x, int rows) {
   return map;
 }
 
+// The kernels index rows and (batch, head) pairs with 32-bit integers.
+void check_fits_int32(int64_t B, int64_t H, int64_t Sq, int64_t Sk) {
+  TORCH_CHECK(Sq <= std::numeric_limits<int>::max() && Sk <= std::numeric_limits<int>::max() &&
+                  B * H <= std::numeric_limits<int>::max(),
+              "q and k sequence lengths and B * H must fit in int32");
+}
+
 // The kernels are compiled for sm_90a only.
 void check_hopper_gpu() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -89,9 +96,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
       course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true, /*rows_contiguous=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
   TORCH_CHECK(version >= 1 && version <= 4, "version must be 1, 2, 3 or 4, got ", version);
-  TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max() &&
-                  s.B * s.H <= std::numeric_limits<int>::max(),
-              "q and k sequence lengths and B * H must fit in int32");
+  check_fits_int32(s.B, s.H, s.Sq, s.Sk);
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
   check_tma_layout(q, "q");
@@ -158,18 +163,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& dout, const c10::optional<at::Tensor>& dlse, bool is_causal, c10::optional<double> scale,
     const c10::optional<at::Tensor>& key_lengths, int64_t variant) {
-  TORCH_CHECK(q.dim() != 4 || hopper::supported_head_dim(q.size(3)), "head dim D=", q.size(3),
-              " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");
-  TORCH_CHECK(q.dim() != 4 || (q.size(2) <= std::numeric_limits<int>::max() && k.dim() == 4 &&
-                               k.size(2) <= std::numeric_limits<int>::max() &&
-                               q.size(0) * q.size(1) <= std::numeric_limits<int>::max()),
-              "q and k sequence lengths and B * H must fit in int32");
   const c10::cuda::CUDAGuard guard(q.device());
   check_hopper_gpu();
-  // Checks, dk, dv, the zeroed dQ accumulator (whole kBwdBr-row tiles) and D_i on this stream.
+  // Checks, dk, dv, the zeroed dQ accumulator (whole kBwdBr-row tiles) and D_i on this stream; then
+  // what only this kernel needs.
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, c10::nullopt, is_causal, scale, 1,
                                                   key_lengths, phase5_bwd::Kernel::kHopper, hopper::kBwdBr);
   const phase5_bwd::BwdParams& b = prep.params;
+  TORCH_CHECK(hopper::supported_head_dim(prep.D), "head dim D=", prep.D,
+              " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");
+  check_fits_int32(b.B, b.H, b.Sq, b.Sk);
   hopper::BwdParams p;
   p.q_map = make_tensor_map(q, hopper::kBwdBr);
   p.k_map = make_tensor_map(k, hopper::kBwdBc);
