@@ -1,6 +1,7 @@
 // Host interface of the Hopper attention kernels (forward: hopper_v1_wgmma_tma.cu,
-// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu; backward:
-// hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code, so the .cpp can include it.
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu,
+// hopper_v5_tiles.cu; backward: hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code,
+// so the .cpp can include it.
 #pragma once
 
 #include <cuda.h>
@@ -18,9 +19,9 @@ inline bool supported_head_dim(int64_t d) { return d == 64 || d == 128; }
 // tile is 64 columns (one 128-byte swizzle panel) x Rows rows x 1 head x 1 batch, so rows past S of
 // one head are zero-filled instead of read from the next head.
 struct Params {
-  CUtensorMap q_map;          // box 64 x kBM x 1 x 1
-  CUtensorMap k_map;          // box 64 x kBN x 1 x 1
-  CUtensorMap v_map;          // box 64 x kBN x 1 x 1
+  CUtensorMap q_map;          // box 64 x tile rows x 1 x 1
+  CUtensorMap k_map;          // box 64 x tile keys x 1 x 1
+  CUtensorMap v_map;          // box 64 x tile keys x 1 x 1
   void* o;                    // [B, H, Sq, D], q's dtype, D contiguous
   int64_t o_stride_b, o_stride_h, o_stride_s;  // o's strides in elements
   float* lse;                 // [B, H, Sq] natural-log logsumexp, or nullptr
@@ -31,18 +32,27 @@ struct Params {
   int causal;                 // query i sees keys j <= i (top-left aligned)
 };
 
-// Tile sizes shared by the host (tensor-map boxes) and the kernels: kBM query rows per block (two
-// consumer warpgroups of 64), kBN keys per K/V block.
-constexpr int kBM = 128;
-constexpr int kBN = 128;
+// A CTA's tile, shared by the host (tensor-map boxes, grid) and the kernels: `rows` query rows (64
+// per consumer warpgroup) and `keys` keys per K/V block. v1-v4 use kBaseTile at both head dims; v5
+// picks the tile per head dim (README: v5, tiles per head dim).
+struct TileSize {
+  int rows;
+  int keys;
+};
+constexpr TileSize kBaseTile{128, 128};
+constexpr TileSize tile_size(int version, int d) {
+  return version < 5 ? kBaseTile : (d == 64 ? TileSize{192, 128} : TileSize{128, 176});
+}
 
 enum class Dtype { kFloat16, kBFloat16 };
 
-// Launch one version on `stream` (checks the launch). D in {64, 128}.
+// Launch one version on `stream` (checks the launch). D in {64, 128}; p's maps built for
+// tile_size(version, D).
 void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v5(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
 // The backward's arguments (hopper_bwd.cu). q, k, v and dO contiguous [B, H, S, D] (one K/V head
 // per query head), seen by TMA as the forward's are: boxes of 64 columns x kBwdBr (q, dO) or kBwdBc

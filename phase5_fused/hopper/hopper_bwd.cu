@@ -65,7 +65,6 @@ struct BwdSmem {
   static constexpr int kBarriers = kStats + 2 * 2 * 2 * kBwdBr * 4;
   static constexpr int kBytes = kBarriers + (1 + 2 * kBwdStages) * 8 + 1024;  // + 1024: aligning the base
   static_assert(kBwdBr == 64, "a dS^T panel holds 64 queries (128 bytes of T)");
-  static_assert(kBwdBc == kBN, "zero_padded_rows clears panels of kBN rows");
 };
 
 template <typename T, int D, int kVariant>
@@ -143,7 +142,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     // contracts over them (0 * NaN = NaN): zero them once. V_j's only meet dP^T rows of keys whose
     // P and dS are set to 0, never multiplied.
     mbarrier_wait(full_kv, 0);
-    if (kv_len < p.Sk && k0 + kBwdBc > kv_len) zero_padded_rows<D>(smem + L::kK, kv_len - k0, tid, kBwdThreads, 1);
+    if (kv_len < p.Sk && k0 + kBwdBc > kv_len) zero_padded_rows<D, kBwdBc>(smem + L::kK, kv_len - k0, tid, kBwdThreads, 1);
   }
   const uint32_t k_w = smem_addr(smem + L::kK) + 64 * wg * kPanelBytes;  // the warpgroup's 64 keys
   const uint32_t v_w = smem_addr(smem + L::kV) + 64 * wg * kPanelBytes;

@@ -2,8 +2,9 @@
 // steps of FlashAttention's inner loop (S = Q K^T on wgmma, mask, online softmax, O += P V on
 // wgmma) and the epilogue. The versions differ in who issues the TMA copies, how the warps wait
 // for them, and in what order a warpgroup issues and waits for its matmuls (hopper_v1_wgmma_tma.cu,
-// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu; v2-v4 share
-// hopper_pipeline.cuh).
+// hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu and
+// hopper_v5_tiles.cu; v2-v5 share hopper_pipeline.cuh). The tile is a template parameter (TileShape):
+// v1-v4 run kBaseTile, v5 a tile per head dim.
 //
 // Paper notation (Shah et al., "FlashAttention-3", Algorithm 1): a block of kBM query rows Q_i
 // stays in shared memory; for each block j of kBN keys: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
@@ -25,11 +26,19 @@
 namespace hopper {
 
 constexpr int kWarpgroup = 128;         // threads of a warpgroup (4 warps)
-constexpr int kConsumers = kBM / 64;    // consumer warpgroups: 64 query rows each
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kPanelBytes = 128;        // a swizzle panel row: 64 FP16/BF16 elements
 
-static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
+// A CTA's tile (hopper_attention.h, TileSize) as compile-time constants.
+template <int kRows, int kKeys>
+struct TileShape {
+  static constexpr int kBM = kRows;              // query rows of a CTA
+  static constexpr int kBN = kKeys;              // keys of a K/V block
+  static constexpr int kConsumers = kRows / 64;  // consumer warpgroups: 64 query rows each
+  static_assert(kRows % 64 == 0, "64 query rows per consumer warpgroup");
+  static_assert(kKeys % 16 == 0, "O += P V takes 16 keys per wgmma");
+};
+using BaseTile = TileShape<kBaseTile.rows, kBaseTile.keys>;  // v1-v4
 
 // Shared memory, as TMA writes it (hopper_ptx.cuh, make_desc): a tile of R rows x D columns is
 // D / 64 panels of R rows x 128 bytes, each panel 1024-byte aligned.
@@ -37,11 +46,11 @@ static_assert(kBN == 128, "S = Q K^T is compiled as wgmma m64n128k16");
 //   K, V     kStages x (kBN x D) each
 //   barriers full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages], zeroed_v
 //   scratch  2 floats per consumer thread (v3 stores its row sums there to pin the softmax)
-template <int D, int kStages>
+template <int D, int kStages, class Tile>
 struct Smem {
   static constexpr int kPanels = D / 64;
-  static constexpr int kQPanel = kBM * kPanelBytes;   // bytes of one Q panel
-  static constexpr int kKVPanel = kBN * kPanelBytes;  // bytes of one K or V panel
+  static constexpr int kQPanel = Tile::kBM * kPanelBytes;   // bytes of one Q panel
+  static constexpr int kKVPanel = Tile::kBN * kPanelBytes;  // bytes of one K or V panel
   static constexpr int kQBytes = kPanels * kQPanel;
   static constexpr int kKVBytes = kPanels * kKVPanel;
   static constexpr int kQ = 0;
@@ -51,7 +60,7 @@ struct Smem {
   static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kScratch = kBarriers + ((kBarrierCount * 8 + 15) / 16) * 16;
   // + 1024: the dynamic shared memory is only 16-byte aligned; the kernel rounds its base up.
-  static constexpr int kBytes = kScratch + 2 * kConsumers * kWarpgroup * 4 + 1024;
+  static constexpr int kBytes = kScratch + 2 * Tile::kConsumers * kWarpgroup * 4 + 1024;
   static_assert(kQPanel % 1024 == 0 && kKVPanel % 1024 == 0, "every panel on a 1024-byte boundary");
 };
 
@@ -86,7 +95,7 @@ struct Visibility {
 
 // Which query rows and which K/V a block works on, and how many key blocks it visits.
 struct Block {
-  int m0;         // first query row of the kBM-row tile
+  int m0;         // first query row of the CTA's tile
   int batch;
   int head;       // query head: of q, o and lse
   int kv_head;    // the head's K/V head (grouped-query attention: head / (H / H_kv))
@@ -94,7 +103,9 @@ struct Block {
   int n_blocks;   // key blocks visited: up to the last visible key
 };
 
+template <class Tile>
 __device__ __forceinline__ Block block_of(const Params& p) {
+  constexpr int kBM = Tile::kBM, kBN = Tile::kBN;
   Block b;
   b.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM;  // long causal rows start first
   b.batch = blockIdx.z;
@@ -106,8 +117,10 @@ __device__ __forceinline__ Block block_of(const Params& p) {
   return b;
 }
 
-// True when key block j holds keys past the batch's key_lengths that are still inside Sk: rows
-// that TMA read from memory (anything, even NaN) and that must be zeroed before O += P V_j.
+// True when key block j (of kBN keys) holds keys past the batch's key_lengths that are still
+// inside Sk: rows that TMA read from memory (anything, even NaN) and that must be zeroed before
+// O += P V_j.
+template <int kBN>
 __device__ __forceinline__ bool holds_padding(const Visibility& vis, int Sk, int j) {
   return vis.kv_len < Sk && j * kBN + kBN > vis.kv_len;
 }
@@ -115,8 +128,9 @@ __device__ __forceinline__ bool holds_padding(const Visibility& vis, int Sk, int
 // S = Q K^T for this warpgroup's 64 rows and the kBN keys of a stage: D / 16 wgmmas (k = 16 each),
 // the first one overwriting S (scale_d = 0), issued but neither committed nor waited for.
 // q_base: the warpgroup's first row in the Q tile.
-template <typename T, int D>
-__device__ __forceinline__ void qk_issue(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+template <typename T, int D, class Tile>
+__device__ __forceinline__ void qk_issue(float (&s)[Tile::kBN / 2], uint32_t q_base, uint32_t k_base) {
+  constexpr int kBM = Tile::kBM, kBN = Tile::kBN;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     // k-step kk: panel kk / 4, bytes 32 (kk % 4) inside the 128-byte rows
@@ -127,11 +141,11 @@ __device__ __forceinline__ void qk_issue(float (&s)[kBN / 2], uint32_t q_base, u
 }
 
 // S = Q K^T, issued and waited for.
-template <typename T, int D>
-__device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+template <typename T, int D, class Tile>
+__device__ __forceinline__ void qk_gemm(float (&s)[Tile::kBN / 2], uint32_t q_base, uint32_t k_base) {
   fence_operand(s);
   wgmma_fence();
-  qk_issue<T, D>(s, q_base, k_base);
+  qk_issue<T, D, Tile>(s, q_base, k_base);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(s);
@@ -139,8 +153,10 @@ __device__ __forceinline__ void qk_gemm(float (&s)[kBN / 2], uint32_t q_base, ui
 
 // Where the block needs it (keys past kv_len, the causal diagonal), hidden scores become -inf.
 // row0: the sequence row of this thread's first row (g); n0: the block's first key.
-__device__ __forceinline__ void mask_scores(float (&s)[kBN / 2], int row0, int n0, const Visibility& vis,
+template <int kScores>
+__device__ __forceinline__ void mask_scores(float (&s)[kScores], int row0, int n0, const Visibility& vis,
                                             bool need_mask) {
+  constexpr int kBN = 2 * kScores;  // a thread holds 2 of a block's kBN scores per n8 tile
   if (!need_mask) return;
   const int t = static_cast<int>(threadIdx.x % 4);
 #pragma unroll
@@ -158,8 +174,47 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBN / 2], int row0, int n
 // max run on the unscaled scores (the host turns scale <= 0 into that case). A row's kBN scores are spread over the 4 lanes of its
 // quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
 // visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
-__device__ __forceinline__ void softmax_step(float (&s)[kBN / 2], float c, float (&m)[2], float (&l)[2],
+template <int kScores, bool kTree = false>
+__device__ __forceinline__ void softmax_step(float (&s)[kScores], float c, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
+  constexpr int kBN = 2 * kScores;
+  if constexpr (kTree) {
+    static_assert(kBN >= 32, "four partial maxima per row");
+    float part[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) part[h][q] = fmaxf(s[4 * q + 2 * h], s[4 * q + 2 * h + 1]);
+#pragma unroll
+    for (int j = 4; j < kBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) part[h][j % 4] = fmaxf(part[h][j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    float row_max[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m[h], row_max[h] * c);
+      m_use[h] = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      alpha[h] = tc::exp2_approx(m[h] - m_use[h]);
+      m[h] = m_new;
+    }
+    float sum[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[4 * j + e] = tc::exp2_approx(fmaf(s[4 * j + e], c, -m_use[e / 2]));
+        sum[e / 2][(j % 2) * 2 + e % 2] += s[4 * j + e];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+    return;
+  }
   // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 3 here, once the teaching kernel's tests pass: on this thread's two rows (h = 0: row g, h = 1: row g + 8) of the wgmma S fragment, whose kBN scores are spread over the 4 lanes of a quad (a row's max needs two shuffles); the scale c = scale log2 e > 0 is folded into the exponent (P = 2^(c S - m), m in log2 units, tc::exp2_approx), P replaces S in place, l stays the lane's partial sum, and the rescale factor alpha is returned instead of applied to O (rescale_o below does that; v3 calls it later) (README: Design)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -199,8 +254,8 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha
 }
 
 // The softmax step and the O rescale together (v1, v2).
-template <int D>
-__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float c, float (&m)[2], float (&l)[2],
+template <int D, int kScores>
+__device__ __forceinline__ void online_softmax(float (&s)[kScores], float c, float (&m)[2], float (&l)[2],
                                                float (&o)[D / 2]) {
   float alpha[2];
   softmax_step(s, c, m, l, alpha);
@@ -209,10 +264,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float c, flo
 
 // P rounded to T in registers: the accumulator fragments of n8 tiles 2kk and 2kk + 1 are exactly
 // wgmma's A fragment for keys 16kk .. 16kk + 15.
-template <typename T>
-__device__ __forceinline__ void pack_p(const float (&p)[kBN / 2], uint32_t (&a)[kBN / 16][4]) {
+template <typename T, int kScores>
+__device__ __forceinline__ void pack_p(const float (&p)[kScores], uint32_t (&a)[kScores / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk) {
+  for (int kk = 0; kk < kScores / 8; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[kk][r] = tc::pack2<T>(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
     fence_operand(a[kk]);
@@ -220,8 +275,9 @@ __device__ __forceinline__ void pack_p(const float (&p)[kBN / 2], uint32_t (&a)[
 }
 
 // O += P V: kBN / 16 wgmmas, P from registers, V MN-major from the stage; issued, not committed.
-template <typename T, int D>
-__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&a)[kBN / 16][4], uint32_t v_base) {
+template <typename T, int D, int kSteps>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&a)[kSteps][4], uint32_t v_base) {
+  constexpr int kBN = 16 * kSteps;
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
     // 16 keys = two 1024-byte groups of 8 rows; the panels (64 columns of D) are kBN rows apart
@@ -230,9 +286,9 @@ __device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&a)[
 }
 
 // O += P V, issued and waited for.
-template <typename T, int D>
-__device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kBN / 2], uint32_t v_base) {
-  uint32_t a[kBN / 16][4];
+template <typename T, int D, int kScores>
+__device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kScores], uint32_t v_base) {
+  uint32_t a[kScores / 8][4];
   pack_p<T>(p, a);
   fence_operand(o);
   wgmma_fence();
@@ -242,16 +298,16 @@ __device__ __forceinline__ void pv_gemm(float (&o)[D / 2], const float (&p)[kBN 
   fence_operand(o);
 }
 
-// Key padding: rows [first_row, kBN) of a V stage may hold anything (even NaN) that TMA read from
+// Key padding: rows [first_row, kRows) of a V stage may hold anything (even NaN) that TMA read from
 // the padded keys, and 0 * NaN = NaN in the P V product. The `threads` threads calling this zero
 // those rows, then make the writes visible to wgmma (async proxy) and wait for each other on
 // named barrier `barrier`. Zeroing whole 128-byte rows needs no swizzle: a row stays a row.
-template <int D>
+template <int D, int kRows>
 __device__ __forceinline__ void zero_padded_rows(unsigned char* v_stage, int first_row, int thread, int threads,
                                                  int barrier) {
-  constexpr int kChunks = (D / 64) * kBN * 8;  // 16-byte chunks of the stage
+  constexpr int kChunks = (D / 64) * kRows * 8;  // 16-byte chunks of the stage
   for (int c = thread; c < kChunks; c += threads) {
-    const int row = (c / 8) % kBN;
+    const int row = (c / 8) % kRows;
     if (row >= first_row) *reinterpret_cast<uint4*>(v_stage + c * 16) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async();
@@ -262,10 +318,11 @@ __device__ __forceinline__ void zero_padded_rows(unsigned char* v_stage, int fir
 // warpgroup's own rows of the Q tile (swizzled, no bank conflicts) and stored as coalesced 16-byte
 // chunks; lse = m ln 2 + ln l (natural log; -inf where l = 0) when asked. `barrier`: a named
 // barrier of the warpgroup's 128 threads.
-template <typename T, int D>
+template <typename T, int D, class Tile>
 __device__ __forceinline__ void store_output(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
                                              unsigned char* sQ, int wg, const Params& p, const Block& b,
                                              int barrier) {
+  constexpr int kBM = Tile::kBM;
   const int m0 = b.m0;
   const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
   const int lane = tid % 32;

@@ -13,13 +13,13 @@
 namespace hopper {
 
 // Launch kKernel with kThreads threads and kSmem bytes of dynamic shared memory per CTA, one CTA per
-// kBM query rows of each (head, batch).
-template <void (*kKernel)(Params), int kSmem, int kThreads>
+// Tile::kBM query rows of each (head, batch).
+template <void (*kKernel)(Params), int kSmem, int kThreads, class Tile>
 void launch_kernel(const Params& p, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   course::opt_in_shared_memory<kKernel>(device, kSmem);
-  const dim3 grid((p.Sq + kBM - 1) / kBM, p.H, p.B);
+  const dim3 grid((p.Sq + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
   kKernel<<<grid, kThreads, kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -1,11 +1,12 @@
 // Torch ops of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
 // the argument, the TMA tensor maps, then the launch on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
-//       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 4 (hopper_v*.cu).
+//       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 5 (hopper_v*.cu).
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
 //       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys) or 1 (dQ by
 //       columns).
+#include <cstdlib>
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -95,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const course::AttentionShape s =
       course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true, /*rows_contiguous=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
-  TORCH_CHECK(version >= 1 && version <= 4, "version must be 1, 2, 3 or 4, got ", version);
+  TORCH_CHECK(version >= 1 && version <= 5, "version must be 1 to 5, got ", version);
   check_fits_int32(s.B, s.H, s.Sq, s.Sk);
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
@@ -127,10 +128,17 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     if (!(c > 0.0f)) c = 1.0f;
   }
 
+  const int D = static_cast<int>(s.D);
+  hopper::TileSize tile = hopper::tile_size(static_cast<int>(version), D);
+  {  // DEV
+    const char* env = std::getenv("HOPPER_DEV_CONFIG");
+    const int config = env != nullptr ? std::atoi(env) : 1;
+    if (version == 5 && q.scalar_type() == at::kHalf && (config & 1) == 0) tile = hopper::kBaseTile;
+  }
   hopper::Params p;
-  p.q_map = make_tensor_map(q_in, hopper::kBM);
-  p.k_map = make_tensor_map(k, hopper::kBN);
-  p.v_map = make_tensor_map(v, hopper::kBN);
+  p.q_map = make_tensor_map(q_in, tile.rows);
+  p.k_map = make_tensor_map(k, tile.keys);
+  p.v_map = make_tensor_map(v, tile.keys);
   p.o = out.data_ptr();
   p.o_stride_b = out.stride(0);
   p.o_stride_h = out.stride(1);
@@ -146,15 +154,16 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.causal = is_causal ? 1 : 0;
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int D = static_cast<int>(s.D);
   if (version == 1) {
     hopper::launch_v1(p, D, dtype, stream);
   } else if (version == 2) {
     hopper::launch_v2(p, D, dtype, stream);
   } else if (version == 3) {
     hopper::launch_v3(p, D, dtype, stream);
-  } else {
+  } else if (version == 4) {
     hopper::launch_v4(p, D, dtype, stream);
+  } else {
+    hopper::launch_v5(p, D, dtype, stream);
   }
   return {out, lse};
 }

@@ -1,4 +1,4 @@
-// The warp-specialized pipeline that v2, v3 and v4 share: the mbarriers of the K/V ring and the
+// The warp-specialized pipeline that v2-v5 share: the mbarriers of the K/V ring and the
 // producer warpgroup that fills it.
 //
 //   producer warpgroup (1 thread issues)      consumer warpgroups (64 query rows each)
@@ -15,20 +15,26 @@
 namespace hopper {
 
 constexpr int kStages = 2;
-constexpr int kThreads = (1 + kConsumers) * kWarpgroup;  // producer warpgroup + consumer warpgroups
 constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536 registers of the SM
-constexpr int kConsumerWarps = kConsumers * 4;
+constexpr int kMaxConsumers = 3;
+// Threads of a CTA with `consumers` consumer warpgroups: theirs and the producer warpgroup's.
+constexpr int threads_of(int consumers) { return (1 + consumers) * kWarpgroup; }
+// The registers each consumer thread takes (setmaxnreg): what the producer's kProducerRegs leave of
+// the SM's 65536, shared out and rounded down to a multiple of 8: 240 for two consumer warpgroups,
+// 160 for three.
+constexpr int consumer_regs(int consumers) {
+  return (65536 - kWarpgroup * kProducerRegs) / (consumers * kWarpgroup) / 8 * 8;
+}
 // Named barriers (0 is __syncthreads): the consumers' zeroing of padded V rows (v2, v3) or the
-// producer's (v4) use 1, the epilogue 2 + wg, v4's turn-taking 4 + wg.
+// producer's (v4, v5) use 1, the epilogue 2 + wg, the turn-taking of v4 and v5 5 + wg.
 constexpr int kZeroBarrier = 1;
 constexpr int kEpilogueBarrier = 2;
-constexpr int kTurnBarrier = 4;
+constexpr int kTurnBarrier = kEpilogueBarrier + kMaxConsumers;
 
 // The mbarriers, after the tiles in shared memory (Smem::kBarriers).
 //   full_*: one arrival (the producer's expect_tx) + the TMA bytes;
 //   empty_*: one arrival per consumer warp;
-//   zeroed_v: v4 only, one arrival: the producer zeroed the padded rows of the last V block.
+//   zeroed_v: v4 and v5 only, one arrival: the producer zeroed the padded rows of the last V block.
 struct Pipeline {
   uint64_t* full_q;
   uint64_t* full_k;   // [kStages]
@@ -39,9 +45,10 @@ struct Pipeline {
 };
 
 // The barriers' addresses; thread 0 initializes them, then the whole block synchronizes.
-template <int D>
+template <int D, class Tile>
 __device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
-  using L = Smem<D, kStages>;
+  using L = Smem<D, kStages, Tile>;
+  static_assert(Tile::kConsumers <= kMaxConsumers, "named barriers for at most kMaxConsumers warpgroups");
   static_assert(L::kBarrierCount >= 2 + 4 * kStages, "room for every barrier of the pipeline");
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
   const Pipeline pipe{bars, bars + 1, bars + 1 + kStages, bars + 1 + 2 * kStages, bars + 1 + 3 * kStages,
@@ -51,8 +58,8 @@ __device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&pipe.full_k[s], 1);
       mbarrier_init(&pipe.full_v[s], 1);
-      mbarrier_init(&pipe.empty_k[s], kConsumerWarps);
-      mbarrier_init(&pipe.empty_v[s], kConsumerWarps);
+      mbarrier_init(&pipe.empty_k[s], Tile::kConsumers * 4);  // one arrival per consumer warp
+      mbarrier_init(&pipe.empty_v[s], Tile::kConsumers * 4);
     }
     mbarrier_init(pipe.zeroed_v, 1);
     fence_barrier_init();
@@ -62,11 +69,12 @@ __device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
 }
 
 // The producer warpgroup: gives its registers away, then one thread issues every copy, refilling
-// a stage's K (V) as soon as every consumer warp released the K (V) it held. kZeroV (v4): the whole
+// a stage's K (V) as soon as every consumer warp released the K (V) it held. kZeroV (v4, v5): the whole
 // warpgroup then zeroes the padded rows of the last V block and announces it on zeroed_v.
-template <int D, bool kZeroV>
+template <int D, bool kZeroV, class Tile>
 __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, const Pipeline& pipe, const Block& b) {
-  using L = Smem<D, kStages>;
+  using L = Smem<D, kStages, Tile>;
+  constexpr int kBN = Tile::kBN;
   setmaxnreg_dec<kProducerRegs>();
   if (threadIdx.x == 0 && b.n_blocks > 0) {
     tma_prefetch_map(&p.q_map);
@@ -85,11 +93,11 @@ __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, co
     }
   }
   const int last = b.n_blocks - 1;
-  if (kZeroV && last >= 0 && holds_padding(b.vis, p.Sk, last)) {
+  if (kZeroV && last >= 0 && holds_padding<kBN>(b.vis, p.Sk, last)) {
     const int s = last % kStages;
     mbarrier_wait(&pipe.full_v[s], (last / kStages) & 1);
-    zero_padded_rows<D>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - last * kBN, static_cast<int>(threadIdx.x),
-                        kWarpgroup, kZeroBarrier);
+    zero_padded_rows<D, kBN>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - last * kBN,
+                             static_cast<int>(threadIdx.x), kWarpgroup, kZeroBarrier);
     if (threadIdx.x == 0) mbarrier_arrive(pipe.zeroed_v);
   }
 }

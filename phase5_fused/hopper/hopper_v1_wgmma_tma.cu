@@ -16,12 +16,14 @@
 namespace hopper {
 namespace {
 
+using Tile = BaseTile;
+constexpr int kBN = Tile::kBN;
 constexpr int kStages = 2;
-constexpr int kThreads = kConsumers * kWarpgroup;
+constexpr int kThreads = Tile::kConsumers * kWarpgroup;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_constant__ Params p) {
-  using L = Smem<D, kStages>;
+  using L = Smem<D, kStages, Tile>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   unsigned char* sQ = smem + L::kQ;
@@ -32,7 +34,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;  // this thread's 64 rows
   // The query tile, its K/V, and the key blocks it visits: the valid keys, with causal only up to
   // the last row's diagonal.
-  const Block b = block_of(p);
+  const Block b = block_of<Tile>(p);
   const int m0 = b.m0, n_blocks = b.n_blocks;
   const Visibility vis = b.vis;
 
@@ -82,15 +84,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
     float sc[kBN / 2];
     // S = Q_i K_j^T once K_j has landed.
     mbarrier_wait(&full_k[s], parity);
-    qk_gemm<T, D>(sc, q_base, smem_addr(sK));
+    qk_gemm<T, D, Tile>(sc, q_base, smem_addr(sK));
     // Mask (only blocks that cross kv_len or the diagonal) and the online softmax.
     const bool need_mask = n0 + kBN > vis.kv_len || (vis.causal && n0 + kBN - 1 > wg_row0);
     mask_scores(sc, row0, n0, vis, need_mask);
     online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j: the block that holds the end of the batch's keys gets its padded rows zeroed first.
     mbarrier_wait(&full_v[s], parity);
-    if (holds_padding(vis, p.Sk, j))
-      zero_padded_rows<D>(sV, vis.kv_len - n0, static_cast<int>(threadIdx.x), kThreads, 1);
+    if (holds_padding<kBN>(vis, p.Sk, j))
+      zero_padded_rows<D, kBN>(sV, vis.kv_len - n0, static_cast<int>(threadIdx.x), kThreads, 1);
     // O += P V_j.
     pv_gemm<T, D>(o, sc, smem_addr(sV));
 
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v1_kernel(const __grid_con
   }
 
   // O / l and lse, through this warpgroup's rows of the Q tile.
-  store_output<T, D>(o, m, l, sQ, wg, p, b, 2 + wg);
+  store_output<T, D, Tile>(o, m, l, sQ, wg, p, b, 2 + wg);
 }
 
 }  // namespace
@@ -109,7 +111,7 @@ void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    launch_kernel<hopper_v1_kernel<T, kD>, Smem<kD, kStages>::kBytes, kThreads>(p, stream);
+    launch_kernel<hopper_v1_kernel<T, kD>, Smem<kD, kStages, Tile>::kBytes, kThreads, Tile>(p, stream);
   });
 }
 

@@ -22,23 +22,27 @@
 namespace hopper {
 namespace {
 
+using Tile = BaseTile;
+constexpr int kBN = Tile::kBN;
+constexpr int kThreads = threads_of(Tile::kConsumers);
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_constant__ Params p) {
-  using L = Smem<D, kStages>;
+  using L = Smem<D, kStages, Tile>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   unsigned char* sQ = smem + L::kQ;
-  const Block b = block_of(p);
-  const Pipeline pipe = init_pipeline<D>(smem);
+  const Block b = block_of<Tile>(p);
+  const Pipeline pipe = init_pipeline<D, Tile>(smem);
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;  // 0: producer, 1..: consumers
   if (warpgroup == 0) {
-    produce<D, false>(p, smem, pipe, b);
+    produce<D, false, Tile>(p, smem, pipe, b);
     return;
   }
 
   // Consumers: take the registers, then FlashAttention's inner loop on this warpgroup's 64 rows.
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<consumer_regs(Tile::kConsumers)>();
   const int wg = warpgroup - 1;
   const int tid = static_cast<int>(threadIdx.x) - kWarpgroup;  // 0 .. 255 over the consumers
   float o[D / 2];
@@ -61,13 +65,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     float sc[kBN / 2];
     // S = Q_i K_j^T once K_j has landed; mask; online softmax.
     mbarrier_wait(&pipe.full_k[s], parity);
-    qk_gemm<T, D>(sc, q_base, smem_addr(sK));
+    qk_gemm<T, D, Tile>(sc, q_base, smem_addr(sK));
     const bool need_mask = n0 + kBN > b.vis.kv_len || (b.vis.causal && n0 + kBN - 1 > wg_row0);
     mask_scores(sc, row0, n0, b.vis, need_mask);
     online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j (padded rows zeroed by both consumer warpgroups together), O += P V_j.
     mbarrier_wait(&pipe.full_v[s], parity);
-    if (holds_padding(b.vis, p.Sk, j)) zero_padded_rows<D>(sV, b.vis.kv_len - n0, tid, kConsumers * kWarpgroup, kZeroBarrier);
+    if (holds_padding<kBN>(b.vis, p.Sk, j)) zero_padded_rows<D, kBN>(sV, b.vis.kv_len - n0, tid, Tile::kConsumers * kWarpgroup, kZeroBarrier);
     pv_gemm<T, D>(o, sc, smem_addr(sV));
 
     // Release the stage: its K and V both.
@@ -75,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     release(&pipe.empty_v[s]);
   }
 
-  store_output<T, D>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
+  store_output<T, D, Tile>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
 }
 
 }  // namespace
@@ -84,7 +88,7 @@ void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    launch_kernel<hopper_v2_kernel<T, kD>, Smem<kD, kStages>::kBytes, kThreads>(p, stream);
+    launch_kernel<hopper_v2_kernel<T, kD>, Smem<kD, kStages, Tile>::kBytes, kThreads, Tile>(p, stream);
   });
 }
 

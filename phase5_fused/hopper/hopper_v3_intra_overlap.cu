@@ -24,23 +24,27 @@
 namespace hopper {
 namespace {
 
+using Tile = BaseTile;
+constexpr int kBN = Tile::kBN;
+constexpr int kThreads = threads_of(Tile::kConsumers);
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_constant__ Params p) {
-  using L = Smem<D, kStages>;
+  using L = Smem<D, kStages, Tile>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   unsigned char* sQ = smem + L::kQ;
-  const Block b = block_of(p);
-  const Pipeline pipe = init_pipeline<D>(smem);
+  const Block b = block_of<Tile>(p);
+  const Pipeline pipe = init_pipeline<D, Tile>(smem);
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;  // 0: producer, 1..: consumers
   if (warpgroup == 0) {
-    produce<D, false>(p, smem, pipe, b);
+    produce<D, false, Tile>(p, smem, pipe, b);
     return;
   }
 
   // Consumers: take the registers, then FlashAttention's inner loop on this warpgroup's 64 rows.
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<consumer_regs(Tile::kConsumers)>();
   const int wg = warpgroup - 1;
   const int tid = static_cast<int>(threadIdx.x) - kWarpgroup;  // 0 .. 255 over the consumers
   float o[D / 2];
@@ -63,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
   if (b.n_blocks > 0) {
     mbarrier_wait(pipe.full_q, 0);
     mbarrier_wait(&pipe.full_k[0], 0);
-    qk_gemm<T, D>(sc, q_base, stage_k(0));
+    qk_gemm<T, D, Tile>(sc, q_base, stage_k(0));
     release(&pipe.empty_k[0]);
     mask_scores(sc, row0, 0, b.vis, need_mask(0));
     softmax_step(sc, p.scale_log2, m, l, alpha);
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     fence_operand(sc);
     fence_operand(o);
     wgmma_fence();
-    qk_issue<T, D>(sc, q_base, stage_k(j));
+    qk_issue<T, D, Tile>(sc, q_base, stage_k(j));
     wgmma_commit();
     pv_issue<T, D>(o, pa, smem_addr(stage_v(j - 1)));
     wgmma_commit();
@@ -113,8 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     const int j = b.n_blocks - 1;
     unsigned char* sV = stage_v(j);
     mbarrier_wait(&pipe.full_v[j % kStages], (j / kStages) & 1);
-    if (holds_padding(b.vis, p.Sk, j))
-      zero_padded_rows<D>(sV, b.vis.kv_len - j * kBN, tid, kConsumers * kWarpgroup, kZeroBarrier);
+    if (holds_padding<kBN>(b.vis, p.Sk, j))
+      zero_padded_rows<D, kBN>(sV, b.vis.kv_len - j * kBN, tid, Tile::kConsumers * kWarpgroup, kZeroBarrier);
     fence_operand(o);
     wgmma_fence();
     pv_issue<T, D>(o, pa, smem_addr(sV));
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v3_kernel(const __grid_con
     release(&pipe.empty_v[j % kStages]);
   }
 
-  store_output<T, D>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
+  store_output<T, D, Tile>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
 }
 
 }  // namespace
@@ -133,7 +137,7 @@ void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    launch_kernel<hopper_v3_kernel<T, kD>, Smem<kD, kStages>::kBytes, kThreads>(p, stream);
+    launch_kernel<hopper_v3_kernel<T, kD>, Smem<kD, kStages, Tile>::kBytes, kThreads, Tile>(p, stream);
   });
 }
 

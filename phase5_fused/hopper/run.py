@@ -37,7 +37,8 @@ IMPL = "phase5_fused_hopper"
 ADDS = {"v1_wgmma_tma": "TMA loads into an mbarrier ring, wgmma for both matmuls",
         "v2_warp_specialized": "producer warpgroup, consumers drift apart, setmaxnreg",
         "v3_intra_overlap": "S_j and P_j-1 V_j-1 in flight together, the softmax of S_j overlaps the P V",
-        "v4_pingpong": "the two consumer warpgroups take turns on the tensor cores"}
+        "v4_pingpong": "the two consumer warpgroups take turns on the tensor cores",
+        "v5_tiles": "tiles per head dim: 3 warpgroups at D=64, key blocks of 176 at D=128"}
 PROFILE_D = HEAD_DIMS
 CUDNN = "sdpa_cudnn"
 
