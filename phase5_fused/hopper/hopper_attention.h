@@ -34,14 +34,14 @@ struct Params {
 
 // A CTA's tile, shared by the host (tensor-map boxes, grid) and the kernels: `rows` query rows (64
 // per consumer warpgroup) and `keys` keys per K/V block. v1-v4 use kBaseTile at both head dims; v5
-// picks the tile per head dim (README: v5, tiles per head dim).
+// gives D = 64 three consumer warpgroups (README: v5).
 struct TileSize {
   int rows;
   int keys;
 };
 constexpr TileSize kBaseTile{128, 128};
 constexpr TileSize tile_size(int version, int d) {
-  return version < 5 ? kBaseTile : (d == 64 ? TileSize{192, 128} : TileSize{128, 176});
+  return version >= 5 && d == 64 ? TileSize{192, 128} : kBaseTile;
 }
 
 enum class Dtype { kFloat16, kBFloat16 };

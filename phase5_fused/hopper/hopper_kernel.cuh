@@ -174,47 +174,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[kScores], int row0, int n
 // max run on the unscaled scores (the host turns scale <= 0 into that case). A row's kBN scores are spread over the 4 lanes of its
 // quad: the max needs two shuffles; l stays the lane's partial sum until the end. A row with no
 // visible key so far keeps m = -inf and subtracts 0 instead, so P = 0 and alpha = 0, never NaN.
-template <int kScores, bool kTree = false>
+template <int kScores>
 __device__ __forceinline__ void softmax_step(float (&s)[kScores], float c, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
   constexpr int kBN = 2 * kScores;
-  if constexpr (kTree) {
-    static_assert(kBN >= 32, "four partial maxima per row");
-    float part[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) part[h][q] = fmaxf(s[4 * q + 2 * h], s[4 * q + 2 * h + 1]);
-#pragma unroll
-    for (int j = 4; j < kBN / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) part[h][j % 4] = fmaxf(part[h][j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    float row_max[2], m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], row_max[h] * c);
-      m_use[h] = m_new == -CUDART_INF_F ? 0.0f : m_new;
-      alpha[h] = tc::exp2_approx(m[h] - m_use[h]);
-      m[h] = m_new;
-    }
-    float sum[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = tc::exp2_approx(fmaf(s[4 * j + e], c, -m_use[e / 2]));
-        sum[e / 2][(j % 2) * 2 + e % 2] += s[4 * j + e];
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
-    return;
-  }
   // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13) as Step 3 here, once the teaching kernel's tests pass: on this thread's two rows (h = 0: row g, h = 1: row g + 8) of the wgmma S fragment, whose kBN scores are spread over the 4 lanes of a quad (a row's max needs two shuffles); the scale c = scale log2 e > 0 is folded into the exponent (P = 2^(c S - m), m in log2 units, tc::exp2_approx), P replaces S in place, l stays the lane's partial sum, and the rescale factor alpha is returned instead of applied to O (rescale_o below does that; v3 calls it later) (README: Design)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

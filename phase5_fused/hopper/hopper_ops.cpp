@@ -6,7 +6,6 @@
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
 //       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys) or 1 (dQ by
 //       columns).
-#include <cstdlib>
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -96,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const course::AttentionShape s =
       course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true, /*rows_contiguous=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
-  TORCH_CHECK(version >= 1 && version <= 5, "version must be 1 to 5, got ", version);
+  TORCH_CHECK(version >= 1 && version <= 5, "version must be 1, 2, 3, 4 or 5, got ", version);
   check_fits_int32(s.B, s.H, s.Sq, s.Sk);
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
@@ -129,12 +128,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   }
 
   const int D = static_cast<int>(s.D);
-  hopper::TileSize tile = hopper::tile_size(static_cast<int>(version), D);
-  {  // DEV
-    const char* env = std::getenv("HOPPER_DEV_CONFIG");
-    const int config = env != nullptr ? std::atoi(env) : 1;
-    if (version == 5 && q.scalar_type() == at::kHalf && (config & 1) == 0) tile = hopper::kBaseTile;
-  }
+  const hopper::TileSize tile = hopper::tile_size(static_cast<int>(version), D);
   hopper::Params p;
   p.q_map = make_tensor_map(q_in, tile.rows);
   p.k_map = make_tensor_map(k, tile.keys);

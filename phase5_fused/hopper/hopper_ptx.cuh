@@ -173,7 +173,7 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
   return make_desc(smem_address, panel_bytes, 1024);
 }
 
-// The instructions (m64nNk16, FP32 accumulators; N = 64 or 128, and 32 or 176 for wgmma_ss). d[4j + i] of thread t of warp w
+// The instructions (m64nNk16, FP32 accumulators; N = 64 or 128, and 32 for wgmma_ss). d[4j + i] of thread t of warp w
 // holds row 16w + (t%32)/4 + 8(i/2), column 8j + 2(t%4) + i%2, as mma.sync's C fragments.
 //   wgmma_ss: D (+)= A B with A [64 x 16] and B [16 x N] both in shared memory; scale_d = 0
 //             overwrites d (the first k-step), 1 accumulates. kTransA = kTransB = 0: both K-major
@@ -207,16 +207,6 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-#define HOPPER_WGMMA_D88_TEXT \
-  HOPPER_WGMMA_D64_TEXT ", " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87"
-#define HOPPER_WGMMA_D88_OPERANDS \
-  HOPPER_WGMMA_D64_OPERANDS, \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-
 // One wgmma_ss for an N, an input type ("f16" or "bf16") and its operand text: the predicate p from
 // scale_d, then the instruction with the transpose flags as immediates.
 #define HOPPER_WGMMA_SS(N, TYPE, TEXT, OPERANDS, A, B, SCALE, TA, TB)                                  \
@@ -228,8 +218,7 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t smem_address, uint32_
 
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 32 || N == 64 || N == 128 || N == 176,
-                "compiled wgmma shapes: m64n32k16, m64n64k16, m64n128k16 and m64n176k16");
+  static_assert(N == 32 || N == 64 || N == 128, "compiled wgmma shapes: m64n32k16, m64n64k16 and m64n128k16");
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if constexpr (N == 32 && kBf16)
     HOPPER_WGMMA_SS(32, "bf16", HOPPER_WGMMA_D16_TEXT, HOPPER_WGMMA_D16_OPERANDS, 16, 17, 18, 19, 20);
@@ -243,10 +232,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
     HOPPER_WGMMA_SS(128, "bf16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
   if constexpr (N == 128 && !kBf16)
     HOPPER_WGMMA_SS(128, "f16", HOPPER_WGMMA_D64_TEXT, HOPPER_WGMMA_D64_OPERANDS, 64, 65, 66, 67, 68);
-  if constexpr (N == 176 && kBf16)
-    HOPPER_WGMMA_SS(176, "bf16", HOPPER_WGMMA_D88_TEXT, HOPPER_WGMMA_D88_OPERANDS, 88, 89, 90, 91, 92);
-  if constexpr (N == 176 && !kBf16)
-    HOPPER_WGMMA_SS(176, "f16", HOPPER_WGMMA_D88_TEXT, HOPPER_WGMMA_D88_OPERANDS, 88, 89, 90, 91, 92);
 }
 
 // The same for wgmma_rs (A: the 4 registers of mma.sync's A fragment, operands A0..A3; B MN-major).

@@ -30,7 +30,7 @@
 namespace hopper {
 
 // The whole kernel of v4 and v5 for a tile; their __global__ functions call it.
-template <typename T, int D, class Tile, bool kTree = false>
+template <typename T, int D, class Tile>
 __device__ __forceinline__ void pingpong_attention(const Params& p) {
   using L = Smem<D, kStages, Tile>;
   constexpr int kBN = Tile::kBN, kConsumers = Tile::kConsumers;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
     fence_operand(sc);
     release(&pipe.empty_k[0]);
     mask_scores(sc, row0, 0, b.vis, need_mask(0));
-    softmax_step<kBN / 2, kTree>(sc, p.scale_log2, m, l, alpha);
+    softmax_step(sc, p.scale_log2, m, l, alpha);
     pack_p<T>(sc, pa);
   }
 
@@ -119,7 +119,7 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
     fence_operand(sc);
     release(&pipe.empty_k[s]);
     mask_scores(sc, row0, n0, b.vis, need_mask(n0));
-    softmax_step<kBN / 2, kTree>(sc, p.scale_log2, m, l, alpha);
+    softmax_step(sc, p.scale_log2, m, l, alpha);
     // Pin the softmax before the next wait. The compiler's order is not enough: ptxas schedules the
     // exponentials next to their first use (the rounding of P, after the wait), which serializes
     // the softmax behind the P V again (seen in the SASS). It keeps shared-memory stores on their

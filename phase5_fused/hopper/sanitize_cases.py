@@ -4,7 +4,7 @@ phase5_fused.hopper` (memcheck + racecheck; README "What the sanitizer can and c
 
 Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, three key blocks so
 that a stage of the 2-stage ring is refilled), one batch with a key length inside a block (its V
-rows are zeroed in shared memory: by the consumers in v1-v3, by the producer in v4) and one with
+rows are zeroed in shared memory: by the consumers in v1-v3, by the producer in v4 and v5) and one with
 none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
 attention: both heads read the same K/V tiles).
 
