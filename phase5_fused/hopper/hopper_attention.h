@@ -1,6 +1,6 @@
 // Host interface of the Hopper attention kernels (forward: hopper_v1_wgmma_tma.cu,
 // hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu,
-// hopper_v5_tiles.cu; backward: hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code,
+// hopper_v5_tiles.cu, hopper_v6_persistent.cu; backward: hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code,
 // so the .cpp can include it.
 #pragma once
 
@@ -34,7 +34,7 @@ struct Params {
 
 // A CTA's tile, shared by the host (tensor-map boxes, grid) and the kernels: `rows` query rows (64
 // per consumer warpgroup) and `keys` keys per K/V block. v1-v4 use kBaseTile at both head dims; v5
-// gives D = 64 three consumer warpgroups (README: v5).
+// and v6 give D = 64 three consumer warpgroups (README: v5).
 struct TileSize {
   int rows;
   int keys;
@@ -53,6 +53,7 @@ void launch_v2(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v3(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v5(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
 // The backward's arguments (hopper_bwd.cu). q, k, v and dO contiguous [B, H, S, D] (one K/V head
 // per query head), seen by TMA as the forward's are: boxes of 64 columns x kBwdBr (q, dO) or kBwdBc

@@ -103,18 +103,26 @@ struct Block {
   int n_blocks;   // key blocks visited: up to the last visible key
 };
 
+// The tile of query block m_block of (head, batch).
 template <class Tile>
-__device__ __forceinline__ Block block_of(const Params& p) {
+__device__ __forceinline__ Block block_at(const Params& p, int m_block, int head, int batch) {
   constexpr int kBM = Tile::kBM, kBN = Tile::kBN;
   Block b;
-  b.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM;  // long causal rows start first
-  b.batch = blockIdx.z;
-  b.head = blockIdx.y;
-  b.kv_head = blockIdx.y / (p.H / p.H_kv);
-  b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[blockIdx.z] : p.Sk, p.causal};
+  b.m0 = m_block * kBM;
+  b.batch = batch;
+  b.head = head;
+  b.kv_head = head / (p.H / p.H_kv);
+  b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[batch] : p.Sk, p.causal};
   const int kv_end = p.causal ? min(b.vis.kv_len, b.m0 + kBM) : b.vis.kv_len;
   b.n_blocks = (kv_end + kBN - 1) / kBN;
   return b;
+}
+
+// One CTA per tile: the grid is (query blocks, heads, batches), the last query block first (long
+// causal rows start first).
+template <class Tile>
+__device__ __forceinline__ Block block_of(const Params& p) {
+  return block_at<Tile>(p, static_cast<int>(gridDim.x - 1 - blockIdx.x), blockIdx.y, blockIdx.z);
 }
 
 // True when key block j (of kBN keys) holds keys past the batch's key_lengths that are still
