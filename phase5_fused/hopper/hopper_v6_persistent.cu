@@ -2,9 +2,9 @@
 //
 // v1-v5 launch one CTA per tile of query rows: each CTA initializes its barriers, loads Q and its
 // first K/V blocks while its tensor cores wait, and ends with an epilogue during which nothing
-// loads. v6 launches one CTA per SM (at most one per tile); CTA c works on tiles c, c + G, c + 2G,
-// ... (G CTAs, the tiles in v5's order: query blocks last-first inside each head). Three things
-// then carry over from one tile to the next instead of starting again:
+// loads. v6 launches one CTA per SM (at most one per tile), and each CTA works on one tile after
+// another (the schedule: tile_of_round). Three things then carry over from one tile to the next
+// instead of starting again:
 //   - the K/V ring: the producer's block counter g runs on across tiles (stage g % kStages, phase
 //     g / kStages), so it loads the next tile's first blocks while the consumers still work on the
 //     last ones of this tile, and during their epilogue;
@@ -40,10 +40,26 @@ struct PersistentSmem {
   static constexpr int kBytes = kZeroedV + 8 * kStages + 1024;  // + 1024: aligning the base
 };
 
-// Tile t of the schedule: query blocks of (head, batch) in v5's grid order (the last one first).
+// The schedule: CTA c of G takes one tile per round r, tile r G + c in even rounds and
+// r G + G - 1 - c in odd ones (none where that index is past the last tile).
+//   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
+//               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
+//   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
+//               (head, batch) i % (H B)), and the order of a round reversed every other round: a
+//               CTA that got one of the longest tiles of a round gets one of the shortest of the
+//               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
+//               get the same query block, as long or as short, in every round.)
+__device__ __forceinline__ int tile_of_round(int r, int tiles) {
+  const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+  const int i = r * G + (r % 2 == 0 ? c : G - 1 - c);
+  return i < tiles ? i : -1;
+}
+
 template <int D>
-__device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int t) {
-  return block_at<Tile<D>>(p, m_blocks - 1 - t % m_blocks, (t / m_blocks) % p.H, t / (m_blocks * p.H));
+__device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
+  if (!p.causal) return block_at<Tile<D>>(p, m_blocks - 1 - i % m_blocks, (i / m_blocks) % p.H, i / (m_blocks * p.H));
+  const int bh = i % (p.H * p.B);
+  return block_at<Tile<D>>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
 }
 
 template <typename T, int D>
@@ -82,8 +98,10 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
     // whole warpgroup knows which fill of a stage it zeroes; thread 0 alone issues.
     const bool issuer = threadIdx.x == 0;
     int g = 0, n = 0;  // blocks and tiles (with a visible key) loaded so far
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const Block b = tile_block<D>(p, m_blocks, t);
+    for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
+      const int i = tile_of_round(r, tiles);
+      if (i < 0) continue;
+      const Block b = tile_block<D>(p, m_blocks, i);
       if (b.n_blocks == 0) continue;
       if (issuer) {
         mbarrier_wait(empty_q, (n & 1) ^ 1);
@@ -126,8 +144,10 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
   bool started = false;  // the turn has been handed to warpgroup 0 once
   int g = 0, n = 0;      // the producer's counters
 
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const Block b = tile_block<D>(p, m_blocks, t);
+  for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
+    const int i = tile_of_round(r, tiles);
+    if (i < 0) continue;
+    const Block b = tile_block<D>(p, m_blocks, i);
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
