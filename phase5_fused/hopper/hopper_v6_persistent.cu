@@ -40,18 +40,18 @@ struct PersistentSmem {
   static constexpr int kBytes = kZeroedV + 8 * kStages + 1024;  // + 1024: aligning the base
 };
 
-// The schedule: CTA c of G takes one tile per round r, tile r G + c in even rounds and
-// r G + G - 1 - c in odd ones (none where that index is past the last tile).
+// The schedule: CTA c of G takes one tile per round r, tile index r G + c (none where that index is
+// past the last tile).
 //   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
 //               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
 //   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
-//               (head, batch) i % (H B)), and the order of a round reversed every other round: a
+//               (head, batch) i % (H B)), and in odd rounds CTA c takes r G + G - 1 - c instead: a
 //               CTA that got one of the longest tiles of a round gets one of the shortest of the
 //               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
 //               get the same query block, as long or as short, in every round.)
-__device__ __forceinline__ int tile_of_round(int r, int tiles) {
+__device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) {
   const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
-  const int i = r * G + (r % 2 == 0 ? c : G - 1 - c);
+  const int i = r * G + (p.causal && r % 2 == 1 ? G - 1 - c : c);
   return i < tiles ? i : -1;
 }
 
@@ -87,19 +87,21 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;  // 0: producer, 1..: consumers
   if (warpgroup == 0) {
-    // Producer: thread 0 issues every copy; the whole warpgroup zeroes the padded V rows.
+    // Producer: one warp follows the ring, its lane 0 issues every copy, and the warp zeroes the
+    // padded V rows; the other three warps of the warpgroup have nothing to do.
     setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x >= 32) return;
     if (threadIdx.x == 0) {
       tma_prefetch_map(&p.q_map);
       tma_prefetch_map(&p.k_map);
       tma_prefetch_map(&p.v_map);
     }
-    // Every thread of the warpgroup follows the ring (waits on the empty barriers), so that the
-    // whole warpgroup knows which fill of a stage it zeroes; thread 0 alone issues.
+    // Every lane follows the ring (waits on the empty barriers), so that the whole warp knows which
+    // fill of a stage it zeroes; lane 0 alone issues.
     const bool issuer = threadIdx.x == 0;
     int g = 0, n = 0;  // blocks and tiles (with a visible key) loaded so far
     for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-      const int i = tile_of_round(r, tiles);
+      const int i = tile_of_round(p, r, tiles);
       if (i < 0) continue;
       const Block b = tile_block<D>(p, m_blocks, i);
       if (b.n_blocks == 0) continue;
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
         }
         if (padded) {
           mbarrier_wait(&pipe.full_v[s], (g / kStages) & 1);
-          zero_padded_rows<D, kBN>(stage_v(g), b.vis.kv_len - j * kBN, static_cast<int>(threadIdx.x), kWarpgroup,
+          zero_padded_rows<D, kBN>(stage_v(g), b.vis.kv_len - j * kBN, static_cast<int>(threadIdx.x), 32,
                                    kZeroBarrier);
           if (threadIdx.x == 0) mbarrier_arrive(&zeroed_v[s]);
         }
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
   int g = 0, n = 0;      // the producer's counters
 
   for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-    const int i = tile_of_round(r, tiles);
+    const int i = tile_of_round(p, r, tiles);
     if (i < 0) continue;
     const Block b = tile_block<D>(p, m_blocks, i);
     float o[D / 2];
