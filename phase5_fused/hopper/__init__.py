@@ -43,7 +43,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 # The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
 VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingpong", "v5_tiles",
             "v6_persistent")
-DEFAULT_VERSION = "v5_tiles"
+DEFAULT_VERSION = "v6_persistent"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
 # The backward's variants (hopper_bwd.cu: how its two warpgroups share dQ; 0 by keys, 1 by columns)
