@@ -1,5 +1,5 @@
-// Phase 5, Hopper v6: v5 with persistent CTAs for causal attention (FlashAttention-3's tile
-// scheduler, in a static form); non-causal calls run v5.
+// Phase 5, Hopper v6: v5 with persistent CTAs (FlashAttention-3's tile scheduler, in a static
+// form); non-causal calls at D = 64 run v5.
 //
 // v1-v5 launch one CTA per tile of query rows: each CTA initializes its barriers, loads Q and its
 // first K/V blocks while its tensor cores wait, and ends with an epilogue during which nothing
@@ -41,21 +41,24 @@ struct PersistentSmem {
   static constexpr int kBytes = kZeroedV + 8 * kStages + 1024;  // + 1024: aligning the base
 };
 
-// The schedule. Causal tiles differ in length (a query block's rows see the keys up to their
-// diagonal), so they are sorted longest first: index i is query block m_blocks - 1 - i / (H B) of
-// (head, batch) i % (H B). CTA c of G takes one tile per round r: index r G + c in even rounds,
-// r G + G - 1 - c in odd ones (a CTA that got one of the longest tiles of a round gets one of the
-// shortest of the next), none where that index is past the last tile. (In v5's grid order, with G
-// a multiple of the query blocks per head, CTA c would get the same query block, as long or as
-// short, in every round.)
-__device__ __forceinline__ int tile_of_round(int r, int tiles) {
+// The schedule: CTA c of G takes one tile per round r, tile index r G + c (none where that index is
+// past the last tile).
+//   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
+//               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
+//   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
+//               (head, batch) i % (H B)), and in odd rounds CTA c takes r G + G - 1 - c instead: a
+//               CTA that got one of the longest tiles of a round gets one of the shortest of the
+//               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
+//               get the same query block, as long or as short, in every round.)
+__device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) {
   const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
-  const int i = r * G + (r % 2 == 1 ? G - 1 - c : c);
+  const int i = r * G + (p.causal && r % 2 == 1 ? G - 1 - c : c);
   return i < tiles ? i : -1;
 }
 
 template <int D>
 __device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
+  if (!p.causal) return block_at<Tile<D>>(p, m_blocks - 1 - i % m_blocks, (i / m_blocks) % p.H, i / (m_blocks * p.H));
   const int bh = i % (p.H * p.B);
   return block_at<Tile<D>>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
 }
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
     const bool issuer = threadIdx.x == 0;
     int g = 0, n = 0;  // blocks and tiles (with a visible key) loaded so far
     for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-      const int i = tile_of_round(r, tiles);
+      const int i = tile_of_round(p, r, tiles);
       if (i < 0) continue;
       const Block b = tile_block<D>(p, m_blocks, i);
       if (b.n_blocks == 0) continue;
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
   int g = 0, n = 0;      // the producer's counters
 
   for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-    const int i = tile_of_round(r, tiles);
+    const int i = tile_of_round(p, r, tiles);
     if (i < 0) continue;
     const Block b = tile_block<D>(p, m_blocks, i);
     float o[D / 2];
@@ -247,9 +250,8 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
 }  // namespace
 
 void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
-  // Non-causal tiles are all equally long, and the persistent loop measured no faster than v5 on
-  // them (README: v6); FlashAttention-3 likewise schedules only causal work persistently.
-  if (!p.causal) {
+  // Non-causal at D = 64 the persistent loop measured slower than v5 (README: v6).
+  if (!p.causal && D == 64) {
     launch_v5(p, D, dtype, stream);
     return;
   }
