@@ -1,7 +1,7 @@
 // Host interface of the Hopper attention kernels (forward: hopper_v1_wgmma_tma.cu,
 // hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu,
-// hopper_v5_tiles.cu, hopper_v6_persistent.cu; backward: hopper_bwd.cu), called by hopper_ops.cpp. Plain C++: no device code,
-// so the .cpp can include it.
+// hopper_v5_tiles.cu, hopper_v6_persistent.cu; backward: hopper_bwd.cu), called by hopper_ops.cpp.
+// Plain C++: no device code, so the .cpp can include it.
 #pragma once
 
 #include <cuda.h>

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     // contracts over them (0 * NaN = NaN): zero them once. V_j's only meet dP^T rows of keys whose
     // P and dS are set to 0, never multiplied.
     mbarrier_wait(full_kv, 0);
-    if (kv_len < p.Sk && k0 + kBwdBc > kv_len) zero_padded_rows<D, kBwdBc>(smem + L::kK, kv_len - k0, tid, kBwdThreads, 1);
+    if (kv_len < p.Sk && k0 + kBwdBc > kv_len)
+      zero_padded_rows<D, kBwdBc>(smem + L::kK, kv_len - k0, tid, kBwdThreads, 1);
   }
   const uint32_t k_w = smem_addr(smem + L::kK) + 64 * wg * kPanelBytes;  // the warpgroup's 64 keys
   const uint32_t v_w = smem_addr(smem + L::kV) + 64 * wg * kPanelBytes;

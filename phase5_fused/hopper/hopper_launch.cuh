@@ -12,16 +12,26 @@
 
 namespace hopper {
 
-// Launch kKernel with kThreads threads and kSmem bytes of dynamic shared memory per CTA, one CTA per
-// Tile::kBM query rows of each (head, batch).
-template <void (*kKernel)(Params), int kSmem, int kThreads, class Tile>
-void launch_kernel(const Params& p, cudaStream_t stream) {
+// One CTA per tile: Tile::kBM query rows of each (head, batch).
+template <class Tile>
+dim3 tile_grid(const Params& p) {
+  return dim3((p.Sq + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
+}
+
+// Launch kKernel on `grid` with kThreads threads and kSmem bytes of dynamic shared memory per CTA.
+template <void (*kKernel)(Params), int kSmem, int kThreads>
+void launch_on_grid(const Params& p, dim3 grid, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   course::opt_in_shared_memory<kKernel>(device, kSmem);
-  const dim3 grid((p.Sq + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
   kKernel<<<grid, kThreads, kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Launch kKernel with one CTA per tile (v1-v5).
+template <void (*kKernel)(Params), int kSmem, int kThreads, class Tile>
+void launch_kernel(const Params& p, cudaStream_t stream) {
+  launch_on_grid<kKernel, kSmem, kThreads>(p, tile_grid<Tile>(p), stream);
 }
 
 template <typename T>

@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_v2_kernel(const __grid_con
     online_softmax<D>(sc, p.scale_log2, m, l, o);
     // V_j (padded rows zeroed by both consumer warpgroups together), O += P V_j.
     mbarrier_wait(&pipe.full_v[s], parity);
-    if (holds_padding<kBN>(b.vis, p.Sk, j)) zero_padded_rows<D, kBN>(sV, b.vis.kv_len - n0, tid, Tile::kConsumers * kWarpgroup, kZeroBarrier);
+    if (holds_padding<kBN>(b.vis, p.Sk, j))
+      zero_padded_rows<D, kBN>(sV, b.vis.kv_len - n0, tid, Tile::kConsumers * kWarpgroup, kZeroBarrier);
     pv_gemm<T, D>(o, sc, smem_addr(sV));
 
     // Release the stage: its K and V both.

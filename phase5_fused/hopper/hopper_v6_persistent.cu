@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
     const bool issuer = threadIdx.x == 0;
     int g = 0, n = 0;  // blocks and tiles (with a visible key) loaded so far
     for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-      const int i = tile_of_round(p, r, tiles);
-      if (i < 0) continue;
-      const Block b = tile_block<D>(p, m_blocks, i);
+      const int t = tile_of_round(p, r, tiles);
+      if (t < 0) continue;
+      const Block b = tile_block<D>(p, m_blocks, t);
       if (b.n_blocks == 0) continue;
       if (issuer) {
         mbarrier_wait(empty_q, (n & 1) ^ 1);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
           mbarrier_wait(&pipe.full_v[s], (g / kStages) & 1);
           zero_padded_rows<D, kBN>(stage_v(g), b.vis.kv_len - j * kBN, static_cast<int>(threadIdx.x), 32,
                                    kZeroBarrier);
-          if (threadIdx.x == 0) mbarrier_arrive(&zeroed_v[s]);
+          if (issuer) mbarrier_arrive(&zeroed_v[s]);
         }
       }
       ++n;
@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
   int g = 0, n = 0;      // the producer's counters
 
   for (int r = 0; r * static_cast<int>(gridDim.x) < tiles; ++r) {
-    const int i = tile_of_round(p, r, tiles);
-    if (i < 0) continue;
-    const Block b = tile_block<D>(p, m_blocks, i);
+    const int t = tile_of_round(p, r, tiles);
+    if (t < 0) continue;
+    const Block b = tile_block<D>(p, m_blocks, t);
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
@@ -258,17 +258,12 @@ void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    constexpr auto kKernel = hopper_v6_kernel<T, kD>;
-    constexpr int kSmem = PersistentSmem<kD>::kBytes;
-    int device = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    course::opt_in_shared_memory<kKernel>(device, kSmem);
     // One CTA per SM (a CTA takes most of an SM's shared memory), at most one per tile.
-    const int64_t tiles = static_cast<int64_t>((p.Sq + Tile<kD>::kBM - 1) / Tile<kD>::kBM) * p.H * p.B;
+    const dim3 per_tile = tile_grid<Tile<kD>>(p);
+    const int64_t tiles = static_cast<int64_t>(per_tile.x) * per_tile.y * per_tile.z;
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, sms)));
-    kKernel<<<grid, threads_of(Tile<kD>::kConsumers), kSmem, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_on_grid<hopper_v6_kernel<T, kD>, PersistentSmem<kD>::kBytes, threads_of(Tile<kD>::kConsumers)>(
+        p, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), stream);
   });
 }
 
