@@ -32,7 +32,7 @@ from utils.checks import check_attention_inputs, dim_in, plain_arguments, record
 NAME = "phase5_fused_hopper"
 SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
            "hopper_v4_pingpong.cu", "hopper_v5_tiles.cu",
-           "hopper_v6_persistent.cu", "hopper_bwd.cu", "hopper_ops.cpp",
+           "hopper_v6_persistent.cu", "hopper_v7_split_tail.cu", "hopper_bwd.cu", "hopper_ops.cpp",
            # the backward lesson's checks and D_i, compiled into this extension too
            "../backward/bwd_prepare.cpp", "../backward/bwd_preprocess.cu"]
 # wgmma, setmaxnreg and TMA's tensor copies exist only on the architecture-specific target sm_90a; a
@@ -42,8 +42,8 @@ SUPPORTED_D = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
 VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingpong", "v5_tiles",
-            "v6_persistent")
-DEFAULT_VERSION = "v6_persistent"
+            "v6_persistent", "v7_split_tail")
+DEFAULT_VERSION = "v7_split_tail"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
 # The backward's variants (hopper_bwd.cu: how its two warpgroups share dQ; 0 by keys, 1 by columns)

@@ -100,7 +100,8 @@ struct Block {
   int head;       // query head: of q, o and lse
   int kv_head;    // the head's K/V head (grouped-query attention: head / (H / H_kv))
   Visibility vis;
-  int n_blocks;   // key blocks visited: up to the last visible key
+  int j0;         // first key block visited: 0, except in v7's pieces of a tile
+  int n_blocks;   // key blocks visited from j0: up to the last visible key
 };
 
 // The tile of query block m_block of (head, batch).
@@ -114,8 +115,16 @@ __device__ __forceinline__ Block block_at(const Params& p, int m_block, int head
   b.kv_head = head / (p.H / p.H_kv);
   b.vis = Visibility{p.key_lengths != nullptr ? p.key_lengths[batch] : p.Sk, p.causal};
   const int kv_end = p.causal ? min(b.vis.kv_len, b.m0 + kBM) : b.vis.kv_len;
+  b.j0 = 0;
   b.n_blocks = (kv_end + kBN - 1) / kBN;
   return b;
+}
+
+// Tile i of v5's grid in launch order (tile_grid: query blocks of one (head, batch) side by side,
+// the last query block first), for the kernels that number their tiles themselves (v6, v7).
+template <class Tile>
+__device__ __forceinline__ Block tile_in_grid_order(const Params& p, int m_blocks, int i) {
+  return block_at<Tile>(p, m_blocks - 1 - i % m_blocks, (i / m_blocks) % p.H, i / (m_blocks * p.H));
 }
 
 // One CTA per tile: the grid is (query blocks, heads, batches), the last query block first (long
@@ -285,36 +294,48 @@ __device__ __forceinline__ void zero_padded_rows(unsigned char* v_stage, int fir
   named_barrier_sync(barrier, threads);
 }
 
-// Epilogue of one warpgroup: O / l (zeros where l = 0: no visible key), rounded to T, staged in the
-// warpgroup's own rows of the Q tile (swizzled, no bank conflicts) and stored as coalesced 16-byte
-// chunks; lse = m ln 2 + ln l (natural log; -inf where l = 0) when asked. `barrier`: a named
-// barrier of the warpgroup's 128 threads.
-template <typename T, int D, class Tile>
-__device__ __forceinline__ void store_output(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
-                                             unsigned char* sQ, int wg, const Params& p, const Block& b,
-                                             int barrier) {
-  constexpr int kBM = Tile::kBM;
-  const int m0 = b.m0;
-  const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
-  const int lane = tid % 32;
-  const int tile_row = wg * 64 + (tid / 32) * 16 + lane / 4;  // row g in the kBM tile
-  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as the epilogue's first step here, once the teaching kernel's tests pass: for this thread's two rows (g = tile_row and g + 8), the 4 lanes' partial sums of a row added, then O / l (zeros when l = 0) rounded to T into the warpgroup's own rows of the Q tile, swizzled as the copy below reads them (swizzled_chunk, panels kBM x 128 bytes apart); when p.lse is set, one lane per row writes the natural-log logsumexp m ln 2 + ln l (-inf when l = 0) for rows below p.Sq (README: Design)
+// The end of the online softmax for this thread's two rows (h = 0: row g, h = 1: row g + 8): 1 / l
+// (0 where l = 0: no visible key) and the row's logsumexp in log2 units, m + log2 l (-inf where
+// l = 0).
+__device__ __forceinline__ void finish_rows(const float (&m)[2], const float (&l)[2], float (&inv)[2],
+                                            float (&lse2)[2]) {
+  // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's Line 15 TODO as the epilogue's first step here, once the teaching kernel's tests pass: for this thread's two rows (h = 0: row g, h = 1: row g + 8), the 4 lanes' partial sums l of a row added, then inv = 1 / l (0 when l = 0) and the logsumexp in log2 units lse2 = m + log2 l (-inf when l = 0) (README: Design)
+  // STUB: inv[0] = inv[1] = lse2[0] = lse2[1] = 0.0f;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float total = l[h];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
+    inv[h] = total > 0.0f ? __frcp_rn(total) : 0.0f;
+    lse2[h] = total > 0.0f ? m[h] + log2f(total) : -CUDART_INF_F;
+  }
+  // END SOLUTION
+}
+
+// Epilogue of one warpgroup for rows already finished: O inv, rounded to T, staged in the
+// warpgroup's own rows of a tile laid out as Q's (swizzled, no bank conflicts) and stored as
+// coalesced 16-byte chunks; lse = lse2 ln 2 (natural log) when asked. `barrier`: a named barrier of
+// the warpgroup's 128 threads.
+template <typename T, int D, class Tile>
+__device__ __forceinline__ void store_rows(const float (&o)[D / 2], const float (&inv)[2], const float (&lse2)[2],
+                                           unsigned char* sO, int wg, const Params& p, const Block& b,
+                                           int barrier) {
+  constexpr int kBM = Tile::kBM;
+  const int m0 = b.m0;
+  const int tid = static_cast<int>(threadIdx.x % kWarpgroup);
+  const int lane = tid % 32;
+  const int tile_row = wg * 64 + (tid / 32) * 16 + lane / 4;  // row g in the kBM tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const int row = tile_row + 8 * h;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      unsigned char* dst = sQ + swizzled_chunk(row, j, kBM * kPanelBytes) + (lane % 4) * 4;
-      *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      unsigned char* dst = sO + swizzled_chunk(row, j, kBM * kPanelBytes) + (lane % 4) * 4;
+      *reinterpret_cast<uint32_t*>(dst) = tc::pack2<T>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
     }
     if (p.lse != nullptr && lane % 4 == 0 && m0 + row < p.Sq)
-      p.lse[(static_cast<int64_t>(b.batch) * p.H + b.head) * p.Sq + m0 + row] = total > 0.0f ? m[h] * kLn2 + logf(total) : -CUDART_INF_F;
+      p.lse[(static_cast<int64_t>(b.batch) * p.H + b.head) * p.Sq + m0 + row] = lse2[h] * kLn2;
   }
-  // END SOLUTION
   named_barrier_sync(barrier, kWarpgroup);
   T* out = static_cast<T*>(p.o) + b.batch * p.o_stride_b + b.head * p.o_stride_h;
   constexpr int kChunks = D / 8;
@@ -324,10 +345,20 @@ __device__ __forceinline__ void store_output(const float (&o)[D / 2], const floa
     const int row = wg * 64 + idx / kChunks;
     const int c = idx % kChunks;
     if (m0 + row < p.Sq) {
-      const uint4 val = *reinterpret_cast<const uint4*>(sQ + swizzled_chunk(row, c, kBM * kPanelBytes));
+      const uint4 val = *reinterpret_cast<const uint4*>(sO + swizzled_chunk(row, c, kBM * kPanelBytes));
       *reinterpret_cast<uint4*>(out + (m0 + row) * p.o_stride_s + c * 8) = val;
     }
   }
+}
+
+// Epilogue of one warpgroup: finish_rows, then store_rows through sO (the Q tile, or v6's own).
+template <typename T, int D, class Tile>
+__device__ __forceinline__ void store_output(const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
+                                             unsigned char* sO, int wg, const Params& p, const Block& b,
+                                             int barrier) {
+  float inv[2], lse2[2];
+  finish_rows(m, l, inv, lse2);
+  store_rows<T, D, Tile>(o, inv, lse2, sO, wg, p, b, barrier);
 }
 
 }  // namespace hopper

@@ -1,4 +1,4 @@
-// The warp-specialized pipeline that v2-v5 share: the mbarriers of the K/V ring and the
+// The warp-specialized pipeline that v2-v5 and v7 share: the mbarriers of the K/V ring and the
 // producer warpgroup that fills it.
 //
 //   producer warpgroup (1 thread issues)      consumer warpgroups (64 query rows each)
@@ -68,8 +68,9 @@ __device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
   return pipe;
 }
 
-// The producer warpgroup: gives its registers away, then one thread issues every copy, refilling
-// a stage's K (V) as soon as every consumer warp released the K (V) it held. kZeroV (v4, v5): the whole
+// The producer warpgroup: gives its registers away, then one thread issues every copy (key blocks
+// b.j0 .. b.j0 + b.n_blocks - 1), refilling a stage's K (V) as soon as every consumer warp released
+// the K (V) it held. kZeroV (v4, v5): the whole
 // warpgroup then zeroes the padded rows of the last V block and announces it on zeroed_v.
 template <int D, bool kZeroV, class Tile>
 __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, const Pipeline& pipe, const Block& b) {
@@ -86,17 +87,18 @@ __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, co
       // The stage's previous block is j - kStages; on the first pass the parity of the phase
       // before the first one returns at once.
       const uint32_t released = ((j / kStages) & 1) ^ 1;
+      const int n0 = (b.j0 + j) * kBN;  // the block's first key
       mbarrier_wait(&pipe.empty_k[s], released);
-      load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], j * kBN, b.kv_head, b.batch);
+      load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], n0, b.kv_head, b.batch);
       mbarrier_wait(&pipe.empty_v[s], released);
-      load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], j * kBN, b.kv_head, b.batch);
+      load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], n0, b.kv_head, b.batch);
     }
   }
   const int last = b.n_blocks - 1;
-  if (kZeroV && last >= 0 && holds_padding<kBN>(b.vis, p.Sk, last)) {
+  if (kZeroV && last >= 0 && holds_padding<kBN>(b.vis, p.Sk, b.j0 + last)) {
     const int s = last % kStages;
     mbarrier_wait(&pipe.full_v[s], (last / kStages) & 1);
-    zero_padded_rows<D, kBN>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - last * kBN,
+    zero_padded_rows<D, kBN>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - (b.j0 + last) * kBN,
                              static_cast<int>(threadIdx.x), kWarpgroup, kZeroBarrier);
     if (threadIdx.x == 0) mbarrier_arrive(pipe.zeroed_v);
   }

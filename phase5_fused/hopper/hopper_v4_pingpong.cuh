@@ -29,15 +29,16 @@
 
 namespace hopper {
 
-// The whole kernel of v4 and v5 for a tile; their __global__ functions call it.
-template <typename T, int D, class Tile>
-__device__ __forceinline__ void pingpong_attention(const Params& p) {
+// The whole kernel of v4, v5 and v7 for the key blocks b.j0 .. b.j0 + b.n_blocks - 1 of a tile:
+// the producer and the consumers' loop, then epilogue(o, m, l, sQ, wg) on each consumer warpgroup
+// (o, m, l: its thread's share of the online softmax's state; sQ: the Q tile, free for the output).
+template <typename T, int D, class Tile, class Epilogue>
+__device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, Epilogue&& epilogue) {
   using L = Smem<D, kStages, Tile>;
   constexpr int kBN = Tile::kBN, kConsumers = Tile::kConsumers;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_smem(smem_raw);
   unsigned char* sQ = smem + L::kQ;
-  const Block b = block_of<Tile>(p);
   const Pipeline pipe = init_pipeline<D, Tile>(smem);
 
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;  // 0: producer, 1..: consumers
@@ -64,7 +65,7 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
   auto need_mask = [&](int n0) { return n0 + kBN > b.vis.kv_len || (b.vis.causal && n0 + kBN - 1 > wg_row0); };
   // V_j landed (and, for the block with padded keys, zeroed by the producer).
   auto wait_v = [&](int j) {
-    if (holds_padding<kBN>(b.vis, p.Sk, j)) {
+    if (holds_padding<kBN>(b.vis, p.Sk, b.j0 + j)) {
       mbarrier_wait(pipe.zeroed_v, 0);
     } else {
       mbarrier_wait(&pipe.full_v[j % kStages], (j / kStages) & 1);
@@ -91,7 +92,7 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
     wgmma_wait<0>();
     fence_operand(sc);
     release(&pipe.empty_k[0]);
-    mask_scores(sc, row0, 0, b.vis, need_mask(0));
+    mask_scores(sc, row0, b.j0 * kBN, b.vis, need_mask(b.j0 * kBN));
     softmax_step(sc, p.scale_log2, m, l, alpha);
     pack_p<T>(sc, pa);
   }
@@ -99,7 +100,7 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
   for (int j = 1; j < b.n_blocks; ++j) {
     const int s = j % kStages;            // stage of block j (K_j)
     const int sp = (j - 1) % kStages;     // stage of block j - 1 (V_{j-1})
-    const int n0 = j * kBN;
+    const int n0 = (b.j0 + j) * kBN;      // its first key
     // Issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}: two commit groups in flight.
     // Issue them on this warpgroup's turn, then hand the turn over.
     mbarrier_wait(&pipe.full_k[s], (j / kStages) & 1);
@@ -152,7 +153,17 @@ __device__ __forceinline__ void pingpong_attention(const Params& p) {
     release(&pipe.empty_v[j % kStages]);
   }
 
-  store_output<T, D, Tile>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
+  epilogue(o, m, l, sQ, wg);
+}
+
+// The whole kernel of v4 and v5: one CTA per tile, every key block, the output through the Q tile.
+template <typename T, int D, class Tile>
+__device__ __forceinline__ void pingpong_attention(const Params& p) {
+  const Block b = block_of<Tile>(p);
+  pingpong_tile<T, D, Tile>(p, b, [&](const float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
+                                      unsigned char* sQ, int wg) {
+    store_output<T, D, Tile>(o, m, l, sQ, wg, p, b, kEpilogueBarrier + wg);
+  });
 }
 
 }  // namespace hopper

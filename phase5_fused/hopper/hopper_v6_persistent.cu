@@ -58,7 +58,7 @@ __device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) 
 
 template <int D>
 __device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
-  if (!p.causal) return block_at<Tile<D>>(p, m_blocks - 1 - i % m_blocks, (i / m_blocks) % p.H, i / (m_blocks * p.H));
+  if (!p.causal) return tile_in_grid_order<Tile<D>>(p, m_blocks, i);
   const int bh = i % (p.H * p.B);
   return block_at<Tile<D>>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
 }

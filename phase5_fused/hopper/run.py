@@ -16,6 +16,7 @@ results/quick/metrics.json, not rendered. About 3 minutes on an H100 (--quick: u
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -39,7 +40,8 @@ ADDS = {"v1_wgmma_tma": "TMA loads into an mbarrier ring, wgmma for both matmuls
         "v3_intra_overlap": "S_j and P_j-1 V_j-1 in flight together, the softmax of S_j overlaps the P V",
         "v4_pingpong": "the two consumer warpgroups take turns on the tensor cores",
         "v5_tiles": "three consumer warpgroups (192 query rows) at D=64",
-        "v6_persistent": "persistent CTAs (causal tiles longest first), the K/V ring and Q carried across tiles"}
+        "v6_persistent": "persistent CTAs (causal tiles longest first), the K/V ring and Q carried across tiles",
+        "v7_split_tail": "non-causal: the last partial wave's tiles cut along the keys, merged by logsumexp"}
 PROFILE_D = HEAD_DIMS
 CUDNN = "sdpa_cudnn"
 
@@ -133,21 +135,25 @@ def profile_target() -> None:
 
 
 def label_records(records: list[dict]) -> dict:
-    """ncu records in launch order -> {impl_D<D>: record}. Our kernels are named hopper_v<N>_kernel;
-    every other kernel of the region belongs to the cuDNN call of the D being walked (its longest
-    one is kept: cuDNN may launch helpers)."""
+    """ncu records in launch order -> {impl_D<D>: record}. Each version's call in profile_target
+    launches one of our kernels (hopper_v<N>_kernel, not always its own: v6 runs v5's non-causal at
+    D=64, v7 v6's where it cuts nothing), so the i-th of them is labelled by position. Every other
+    kernel belongs to the cuDNN call after a D's versions (its longest one is kept: cuDNN may launch
+    helpers)."""
     labelled: dict = {}
-    d_index = -1
+    ours = 0  # our kernels seen so far
     for record in records:
-        name = record["kernel"]
-        number = next((n for n in range(1, len(hopper.VERSIONS) + 1) if f"hopper_v{n}_kernel" in name), None)
-        if number == 1:
-            d_index += 1
-        if d_index < 0 or d_index >= len(PROFILE_D):
+        if re.search(r"hopper_v\d+_kernel", record["kernel"]):
+            d_index, version = divmod(ours, len(hopper.VERSIONS))
+            ours += 1
+            if d_index < len(PROFILE_D):
+                labelled[f"{impl_name(hopper.VERSIONS[version])}_D{PROFILE_D[d_index]}"] = record
             continue
-        D = PROFILE_D[d_index]
-        key = f"{impl_name(hopper.VERSIONS[number - 1])}_D{D}" if number else f"{CUDNN}_D{D}"
-        if number or record.get("time_ns", 0) > labelled.get(key, {}).get("time_ns", -1):
+        d_index = (ours - 1) // len(hopper.VERSIONS)
+        if ours == 0 or d_index >= len(PROFILE_D):
+            continue
+        key = f"{CUDNN}_D{PROFILE_D[d_index]}"
+        if record.get("time_ns", 0) > labelled.get(key, {}).get("time_ns", -1):
             labelled[key] = record
     return labelled
 
