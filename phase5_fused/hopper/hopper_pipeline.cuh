@@ -1,7 +1,7 @@
 // The warp-specialized pipeline that v2-v5 and v7 share: the mbarriers of the K/V ring and the
-// producer warpgroup that fills it.
+// producer warpgroup (one warp of it) that fills it.
 //
-//   producer warpgroup (1 thread issues)      consumer warpgroups (64 query rows each)
+//   producer warp (lane 0 issues)             consumer warpgroups (64 query rows each)
 //   TMA Q; for each block j:                   wait full_k[s]: S = Q K_j^T ... release empty_k[s]
 //     wait empty_k[s], TMA K_j -> full_k[s]    wait full_v[s]: O += P V_j ...  release empty_v[s]
 //     wait empty_v[s], TMA V_j -> full_v[s]
@@ -34,7 +34,7 @@ constexpr int kTurnBarrier = kEpilogueBarrier + kMaxConsumers;
 // The mbarriers, after the tiles in shared memory (Smem::kBarriers).
 //   full_*: one arrival (the producer's expect_tx) + the TMA bytes;
 //   empty_*: one arrival per consumer warp;
-//   zeroed_v: v4 and v5 only, one arrival: the producer zeroed the padded rows of the last V block.
+//   zeroed_v: v4, v5 and v7 only, one arrival: the producer zeroed the padded rows of the last V block.
 struct Pipeline {
   uint64_t* full_q;
   uint64_t* full_k;   // [kStages]
@@ -68,39 +68,47 @@ __device__ __forceinline__ Pipeline init_pipeline(unsigned char* smem) {
   return pipe;
 }
 
-// The producer warpgroup: gives its registers away, then one thread issues every copy (key blocks
-// b.j0 .. b.j0 + b.n_blocks - 1), refilling a stage's K (V) as soon as every consumer warp released
-// the K (V) it held. kZeroV (v4, v5): the whole
-// warpgroup then zeroes the padded rows of the last V block and announces it on zeroed_v.
+// The producer warpgroup: gives its registers away; then one warp follows the ring and its lane 0
+// issues every copy (key blocks b.j0 .. b.j0 + b.n_blocks - 1), refilling a stage's K (V) as soon
+// as every consumer warp released the K (V) it held. kZeroV (v4, v5, v7): the warp then zeroes the
+// padded rows of the last V block and announces it on zeroed_v.
+// Every lane waits on every empty barrier, not lane 0 alone: a parity names one of two phases, and
+// only a lane that followed the ring knows that full_v[s] is in the phase of the last block, not
+// kStages or more blocks behind it (a lane that skipped the loop and waited for the last block's
+// parity could pass on an earlier block's fill and zero a stage still in use).
 template <int D, bool kZeroV, class Tile>
 __device__ __forceinline__ void produce(const Params& p, unsigned char* smem, const Pipeline& pipe, const Block& b) {
   using L = Smem<D, kStages, Tile>;
   constexpr int kBN = Tile::kBN;
   setmaxnreg_dec<kProducerRegs>();
-  if (threadIdx.x == 0 && b.n_blocks > 0) {
+  if (threadIdx.x >= 32) return;
+  const bool issuer = threadIdx.x == 0;
+  if (issuer && b.n_blocks > 0) {
     tma_prefetch_map(&p.q_map);
     tma_prefetch_map(&p.k_map);
     tma_prefetch_map(&p.v_map);
     load_tile<D>(smem + L::kQ, L::kQPanel, &p.q_map, pipe.full_q, b.m0, b.head, b.batch);
-    for (int j = 0; j < b.n_blocks; ++j) {
-      const int s = j % kStages;
-      // The stage's previous block is j - kStages; on the first pass the parity of the phase
-      // before the first one returns at once.
-      const uint32_t released = ((j / kStages) & 1) ^ 1;
-      const int n0 = (b.j0 + j) * kBN;  // the block's first key
-      mbarrier_wait(&pipe.empty_k[s], released);
+  }
+  for (int j = 0; j < b.n_blocks; ++j) {
+    const int s = j % kStages;
+    // The stage's previous block is j - kStages; on the first pass the parity of the phase
+    // before the first one returns at once.
+    const uint32_t released = ((j / kStages) & 1) ^ 1;
+    const int n0 = (b.j0 + j) * kBN;  // the block's first key
+    mbarrier_wait(&pipe.empty_k[s], released);
+    if (issuer)
       load_tile<D>(smem + L::kK + s * L::kKVBytes, L::kKVPanel, &p.k_map, &pipe.full_k[s], n0, b.kv_head, b.batch);
-      mbarrier_wait(&pipe.empty_v[s], released);
+    mbarrier_wait(&pipe.empty_v[s], released);
+    if (issuer)
       load_tile<D>(smem + L::kV + s * L::kKVBytes, L::kKVPanel, &p.v_map, &pipe.full_v[s], n0, b.kv_head, b.batch);
-    }
   }
   const int last = b.n_blocks - 1;
   if (kZeroV && last >= 0 && holds_padding<kBN>(b.vis, p.Sk, b.j0 + last)) {
     const int s = last % kStages;
     mbarrier_wait(&pipe.full_v[s], (last / kStages) & 1);
     zero_padded_rows<D, kBN>(smem + L::kV + s * L::kKVBytes, b.vis.kv_len - (b.j0 + last) * kBN,
-                             static_cast<int>(threadIdx.x), kWarpgroup, kZeroBarrier);
-    if (threadIdx.x == 0) mbarrier_arrive(pipe.zeroed_v);
+                             static_cast<int>(threadIdx.x), 32, kZeroBarrier);
+    if (issuer) mbarrier_arrive(pipe.zeroed_v);
   }
 }
 

@@ -21,7 +21,7 @@
 // The turn-taking forbids any other barrier of all consumer warpgroups inside the loop: v2 and
 // v3 zero the padded V rows with all consumer threads (named barrier kZeroBarrier), and a
 // warpgroup that waits there while another waits for its turn deadlocks. v4 has the producer
-// warpgroup zero them (produce<D, true, Tile>) and the consumers wait for the zeroed block on zeroed_v.
+// warp zero them (produce<D, true, Tile>) and the consumers wait for the zeroed block on zeroed_v.
 #pragma once
 
 #include "hopper_launch.cuh"

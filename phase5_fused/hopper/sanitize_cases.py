@@ -3,9 +3,9 @@ against the float64 reference; run under compute-sanitizer by `python -m utils.s
 phase5_fused.hopper` (memcheck + racecheck; README "What the sanitizer can and cannot see").
 
 Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, three key blocks so
-that a stage of the 2-stage ring is refilled), one batch with a key length inside a block (its V
-rows are zeroed in shared memory: by the consumers in v1-v3, by the producer in v4 and v5) and one with
-none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
+that a stage of the 2-stage ring is refilled), batches with a key length inside the second and
+the third block (their V rows are zeroed in shared memory: by the consumers in v1-v3, by the
+producer in v4-v7) and one with none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
 attention: both heads read the same K/V tiles).
 
 The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
@@ -34,8 +34,9 @@ def main() -> int:
     if tuple(torch.cuda.get_device_capability()) != hopper.HOPPER:
         print("not a Hopper GPU (sm_90): the sm_90a kernels cannot run here, nothing to sanitize")
         return 0
-    B, H, H_kv, Sq, Sk = 3, 2, 1, 17, 300
-    lengths = torch.tensor([Sk, 133, 0], device="cuda", dtype=torch.int32)
+    B, H, H_kv, Sq, Sk = 4, 2, 1, 17, 300
+    # every key, a tail in the second block, none, a tail in the third (its stage's second fill)
+    lengths = torch.tensor([Sk, 133, 0, 290], device="cuda", dtype=torch.int32)
     cases = 0
     for version in hopper.VERSIONS:
         for dtype in hopper.DTYPES:

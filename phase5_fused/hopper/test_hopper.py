@@ -129,9 +129,10 @@ def test_cross_lengths(Sq, Sk, D, causal, version):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_key_padding(D, dtype, causal, version):
     Sq, Sk = 200, 300
-    q, k, v, info = make_qkv(6, 2, Sq, Sk, D, dtype)
-    # no key, one key, a tail inside a block, exactly a block edge (128, 256), longer than Sk (= all keys)
-    lengths = torch.tensor([0, 1, 131, 128, 256, Sk + 10], device="cuda", dtype=torch.int64)
+    q, k, v, info = make_qkv(7, 2, Sq, Sk, D, dtype)
+    # no key, one key, a tail inside a block, exactly a block edge (128, 256), longer than Sk (= all
+    # keys), a tail in the third block (a stage's second fill: the padded block's parity is 1)
+    lengths = torch.tensor([0, 1, 131, 128, 256, Sk + 10, 290], device="cuda", dtype=torch.int64)
     check(q, k, v, info, version, is_causal=causal, key_lengths=lengths)
     out, lse = run(q, k, v, is_causal=causal, key_lengths=lengths.to(torch.int32), return_lse=True, version=version)
     assert torch.equal(out[0], torch.zeros_like(out[0])), f"batch with no keys must be zeros {info}"
