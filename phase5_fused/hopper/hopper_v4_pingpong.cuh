@@ -75,29 +75,6 @@ __device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, E
   auto pass_turn = [&] { named_barrier_arrive(kTurnBarrier + (wg + 1) % kConsumers, 2 * kWarpgroup); };
   const bool last_wg = wg == kConsumers - 1;
 
-  // A warpgroup whose 64 rows all lie past Sq (in the last tile of a head, when the tile does not
-  // divide Sq) computes nothing and writes nothing. It still follows the ring and takes its turns as
-  // the loop below does, so that every barrier gets its arrivals: each block is released once it
-  // has landed (waiting for that keeps its arrival in the block's phase), and the turn is passed on.
-  if (wg_row0 >= p.Sq) {
-    if (b.n_blocks > 0 && last_wg) pass_turn();
-    for (int j = 0; j < b.n_blocks; ++j) {
-      mbarrier_wait(&pipe.full_k[j % kStages], (j / kStages) & 1);
-      if (j > 0) wait_v(j - 1);
-      wait_turn();
-      pass_turn();
-      release(&pipe.empty_k[j % kStages]);
-      if (j > 0) release(&pipe.empty_v[(j - 1) % kStages]);
-    }
-    if (b.n_blocks > 0) {
-      wait_v(b.n_blocks - 1);
-      wait_turn();
-      if (!last_wg) pass_turn();
-      release(&pipe.empty_v[(b.n_blocks - 1) % kStages]);
-    }
-    return;
-  }
-
   // Block 0: S_0 = Q K_0^T and its softmax (O is still zero: nothing to rescale).
   float sc[kBN / 2];
   uint32_t pa[kBN / 16][4];  // P of the previous block, rounded, the A operand of its P V
