@@ -75,30 +75,45 @@ __device__ __forceinline__ void merge_pieces(float (&o)[D / 2], const float (&m)
   __threadfence();
 
   // 3. Merge every piece, this one's too, in piece order from the buffers (L2 reads: __ldcg), so
-  //    that the result does not depend on which piece finished last.
-  // BEGIN SOLUTION: Port of ../decode/decode_merge.cu's merge TODO as v7's step 3, once the decode lesson's tests pass: starting from lse2 = -inf and o = 0, for each piece s = 0 .. splits - 1 of the tile in order, read its lse2_s (float2: rows g and g + 8) and its O_s / l_s fragment (D / 8 float4 at o_of(s)[c * kWarpgroup]) with __ldcg, and fold them into this thread's running lse2 and o: lse2' = log2(2^lse2 + 2^lse2_s), o = 2^(lse2 - lse2') o + 2^(lse2_s - lse2') O_s, a row with no visible key in either (both -inf) staying at lse2 = -inf, o = 0 (README: v7)
+  //    that the result does not depend on which piece finished last. All the pieces' lse2 first,
+  //    then their rows: no load waits for the arithmetic on an earlier one.
+  // BEGIN SOLUTION: Port of ../decode/decode_merge.cu's merge TODO as v7's step 3, once the decode lesson's tests pass: read every piece's lse2_s (float2 at lse_of(s): rows g and g + 8) with __ldcg; per row lse2 = log2 sum_s 2^lse2_s (-inf when every piece's is -inf: no visible key); then o = sum over s = 0 .. splits - 1 in order of 2^(lse2_s - lse2) O_s, O_s being the D / 8 float4 at o_of(s)[c * kWarpgroup] (read with __ldcg), and o = 0 for a row with lse2 = -inf (README: v7)
+  float lse_s[kMaxSplits][2];
+  float top[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < st.splits) {
+      const float2 x = __ldcg(lse_of(s));
+      lse_s[s][0] = x.x;
+      lse_s[s][1] = x.y;
+      top[0] = fmaxf(top[0], x.x);
+      top[1] = fmaxf(top[1], x.y);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < st.splits && top[h] != -CUDART_INF_F) sum += exp2f(lse_s[s][h] - top[h]);
+    }
+    lse2[h] = top[h] == -CUDART_INF_F ? top[h] : top[h] + log2f(sum);
+  }
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  lse2[0] = lse2[1] = -CUDART_INF_F;
-  for (int s = 0; s < st.splits; ++s) {
-    const float2 other = __ldcg(lse_of(s));
-    float w_self[2], w_other[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float lse_s = h == 0 ? other.x : other.y;
-      const float top = fmaxf(lse2[h], lse_s);
-      const float merged = top == -CUDART_INF_F ? top : top + log2f(exp2f(lse2[h] - top) + exp2f(lse_s - top));
-      w_self[h] = merged == -CUDART_INF_F ? 0.0f : exp2f(lse2[h] - merged);
-      w_other[h] = merged == -CUDART_INF_F ? 0.0f : exp2f(lse_s - merged);
-      lse2[h] = merged;
-    }
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < st.splits) {
+      const float w0 = lse2[0] == -CUDART_INF_F ? 0.0f : exp2f(lse_s[s][0] - lse2[0]);
+      const float w1 = lse2[1] == -CUDART_INF_F ? 0.0f : exp2f(lse_s[s][1] - lse2[1]);
 #pragma unroll
-    for (int c = 0; c < D / 8; ++c) {
-      const float4 x = __ldcg(o_of(s) + c * kWarpgroup);
-      o[4 * c] = w_self[0] * o[4 * c] + w_other[0] * x.x;
-      o[4 * c + 1] = w_self[0] * o[4 * c + 1] + w_other[0] * x.y;
-      o[4 * c + 2] = w_self[1] * o[4 * c + 2] + w_other[1] * x.z;
-      o[4 * c + 3] = w_self[1] * o[4 * c + 3] + w_other[1] * x.w;
+      for (int c = 0; c < D / 8; ++c) {
+        const float4 x = __ldcg(o_of(s) + c * kWarpgroup);
+        o[4 * c] += w0 * x.x;
+        o[4 * c + 1] += w0 * x.y;
+        o[4 * c + 2] += w1 * x.z;
+        o[4 * c + 3] += w1 * x.w;
+      }
     }
   }
   // END SOLUTION
