@@ -42,7 +42,6 @@ struct Params {
   int H_kv;                   // K/V heads: query head h reads K/V head h / (H / H_kv)
   float scale_log2;           // c = scale * log2(e) > 0: exp(scale x) = 2^(c x)
   int causal;                 // query i sees keys j <= i (top-left aligned)
-  int group_bh;               // v6, causal: (head, batch) pairs per group of its schedule
   SplitTail split;            // v7 only
 };
 

@@ -45,14 +45,11 @@ struct PersistentSmem {
 // past the last tile).
 //   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
 //               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
-//   causal:     tiles sorted longest first within a group of p.group_bh (head, batch) pairs
-//               (index i, the k-th of its group, is query block m_blocks - 1 - k / n of pair
-//               k % n of the group, n its pairs), the groups one after another; in odd rounds CTA
-//               c takes r G + G - 1 - c instead: a CTA that got one of the longest tiles of a round
-//               gets one of the shortest of the next. (In v5's order with G a multiple of the query
-//               blocks per head, CTA c would get the same query block, as long or as short, in
-//               every round.) A group's K and V fit in half the L2 (launch_v6): longest first over
-//               every head at once would stream all heads' K and V in every round.
+//   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
+//               (head, batch) i % (H B)), and in odd rounds CTA c takes r G + G - 1 - c instead: a
+//               CTA that got one of the longest tiles of a round gets one of the shortest of the
+//               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
+//               get the same query block, as long or as short, in every round.)
 __device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) {
   const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
   const int i = r * G + (p.causal && r % 2 == 1 ? G - 1 - c : c);
@@ -62,10 +59,8 @@ __device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) 
 template <int D>
 __device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
   if (!p.causal) return tile_in_grid_order<Tile<D>>(p, m_blocks, i);
-  const int group = i / (p.group_bh * m_blocks), k = i % (p.group_bh * m_blocks);
-  const int n = min(p.group_bh, p.H * p.B - group * p.group_bh);  // pairs of this group (the last may have fewer)
-  const int bh = group * p.group_bh + k % n;
-  return block_at<Tile<D>>(p, m_blocks - 1 - k / n, bh % p.H, bh / p.H);
+  const int bh = i % (p.H * p.B);
+  return block_at<Tile<D>>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
 }
 
 template <typename T, int D>
@@ -266,18 +261,9 @@ void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
     // One CTA per SM (a CTA takes most of an SM's shared memory), at most one per tile.
     const dim3 per_tile = tile_grid<Tile<kD>>(p);
     const int64_t tiles = static_cast<int64_t>(per_tile.x) * per_tile.y * per_tile.z;
-    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-    // Causal groups: as many (head, batch) pairs as have their K and V in half the L2 (the other
-    // half for Q, the output and what the other groups' last tiles still read); one group of all
-    // pairs while their K and V are at most twice the L2 (as at the headline shape).
-    Params q = p;
-    const int64_t pairs = static_cast<int64_t>(p.H) * p.B;
-    const int64_t kv_bytes = 2 * static_cast<int64_t>(p.Sk) * kD * sizeof(T);  // K and V of one pair
-    q.group_bh = static_cast<int>(pairs * kv_bytes <= 2 * static_cast<int64_t>(prop->l2CacheSize)
-                                      ? pairs
-                                      : std::max<int64_t>(1, prop->l2CacheSize / 2 / kv_bytes));
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     launch_on_grid<hopper_v6_kernel<T, kD>, PersistentSmem<kD>::kBytes, threads_of(Tile<kD>::kConsumers)>(
-        q, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, prop->multiProcessorCount))), stream);
+        p, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), stream);
   });
 }
 
