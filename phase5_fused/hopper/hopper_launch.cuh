@@ -18,6 +18,13 @@ dim3 tile_grid(const Params& p) {
   return dim3((p.Sq + Tile::kBM - 1) / Tile::kBM, p.H, p.B);
 }
 
+// The tiles of tile_grid, for the kernels that schedule them themselves (v6, v7).
+template <class Tile>
+int64_t tile_count(const Params& p) {
+  const dim3 grid = tile_grid<Tile>(p);
+  return static_cast<int64_t>(grid.x) * grid.y * grid.z;
+}
+
 // Launch kKernel on `grid` with kThreads threads and kSmem bytes of dynamic shared memory per CTA.
 template <void (*kKernel)(Params), int kSmem, int kThreads>
 void launch_on_grid(const Params& p, dim3 grid, cudaStream_t stream) {

@@ -259,8 +259,7 @@ void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
     // One CTA per SM (a CTA takes most of an SM's shared memory), at most one per tile.
-    const dim3 per_tile = tile_grid<Tile<kD>>(p);
-    const int64_t tiles = static_cast<int64_t>(per_tile.x) * per_tile.y * per_tile.z;
+    const int64_t tiles = tile_count<Tile<kD>>(p);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     launch_on_grid<hopper_v6_kernel<T, kD>, PersistentSmem<kD>::kBytes, threads_of(Tile<kD>::kConsumers)>(
         p, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), stream);

@@ -168,33 +168,35 @@ SplitPlan split_tail_plan(int64_t tiles, int sms, int64_t key_blocks) {
 }  // namespace
 
 void launch_v7(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
-  const TileSize tile = tile_size(7, D);
-  const dim3 per_tile((p.Sq + tile.rows - 1) / tile.rows, p.H, p.B);
-  const int64_t tiles = static_cast<int64_t>(per_tile.x) * per_tile.y * per_tile.z;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const SplitPlan plan = split_tail_plan(tiles, sms, (p.Sk + tile.keys - 1) / tile.keys);
-  if (p.causal || plan.splits < 2) {
+  if (p.causal) {
     launch_v6(p, D, dtype, stream);
     return;
   }
-  // The partial buffers and the zeroed arrival counters in one allocation (freed in stream order).
-  const int consumers = tile.rows / 64;
-  const int64_t pieces = plan.split_tiles * plan.splits * consumers;
-  const int64_t o_floats = pieces * 64 * D, lse_floats = pieces * 128 * 2;
-  const int64_t counters = plan.split_tiles * consumers;
-  const at::Tensor buffers = at::empty({o_floats + lse_floats + counters},
-                                       at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, at::cuda::current_device()));
-  Params q = p;
-  q.split = SplitTail{static_cast<int>(plan.whole_tiles), plan.splits, buffers.data_ptr<float>(),
-                      buffers.data_ptr<float>() + o_floats,
-                      reinterpret_cast<int*>(buffers.data_ptr<float>() + o_floats + lse_floats)};
-  C10_CUDA_CHECK(cudaMemsetAsync(q.split.arrivals, 0, counters * sizeof(int), stream));
-  const dim3 grid(static_cast<unsigned>(plan.whole_tiles + plan.split_tiles * plan.splits));
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(head_dim)::value;
-    launch_on_grid<hopper_v7_kernel<T, kD>, Smem<kD, kStages, Tile<kD>>::kBytes, threads_of(Tile<kD>::kConsumers)>(
-        q, grid, stream);
+    using Tl = Tile<kD>;
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const SplitPlan plan = split_tail_plan(tile_count<Tl>(p), sms, (p.Sk + Tl::kBN - 1) / Tl::kBN);
+    if (plan.splits < 2) {
+      launch_v6(p, D, dtype, stream);
+      return;
+    }
+    // The partial buffers and the zeroed arrival counters in one allocation (freed in stream order).
+    const int64_t pieces = plan.split_tiles * plan.splits * Tl::kConsumers;
+    const int64_t o_floats = pieces * 64 * kD, lse_floats = pieces * kWarpgroup * 2;
+    const int64_t counters = plan.split_tiles * Tl::kConsumers;
+    const at::Tensor buffers =
+        at::empty({o_floats + lse_floats + counters},
+                  at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, at::cuda::current_device()));
+    Params q = p;
+    q.split = SplitTail{static_cast<int>(plan.whole_tiles), plan.splits, buffers.data_ptr<float>(),
+                        buffers.data_ptr<float>() + o_floats,
+                        reinterpret_cast<int*>(buffers.data_ptr<float>() + o_floats + lse_floats)};
+    C10_CUDA_CHECK(cudaMemsetAsync(q.split.arrivals, 0, counters * sizeof(int), stream));
+    const dim3 grid(static_cast<unsigned>(plan.whole_tiles + plan.split_tiles * plan.splits));
+    launch_on_grid<hopper_v7_kernel<T, kD>, Smem<kD, kStages, Tl>::kBytes, threads_of(Tl::kConsumers)>(q, grid,
+                                                                                                      stream);
   });
 }
 

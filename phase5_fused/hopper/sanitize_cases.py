@@ -5,8 +5,8 @@ phase5_fused.hopper` (memcheck + racecheck; README "What the sanitizer can and c
 Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, three key blocks so
 that a stage of the 2-stage ring is refilled), batches with a key length inside the second and
 the third block (their V rows are zeroed in shared memory: by the consumers in v1-v3, by the
-producer in v4-v7) and one with none, causal and not, with the lse; K/V of H_kv = 1 head for the H = 2 query heads (grouped-query
-attention: both heads read the same K/V tiles).
+producer in v4-v7) and one with none, causal and not, with the lse; K/V of H_kv = 1 head for the
+H = 2 query heads (grouped-query attention: both heads read the same K/V tiles).
 
 The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
 (three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
