@@ -23,7 +23,8 @@ struct SplitTail {
   int splits;          // pieces of each tile after them
   float* partial_o;    // [split tiles, splits, consumers, D / 8, 128] float4: a piece's O / l, by fragment
   float* partial_lse;  // [split tiles, splits, consumers, 128] float2: its rows' log2-sum-exp
-  int* arrivals;       // [split tiles, consumers] zeroed: pieces of the tile finished, per warpgroup
+  int* arrivals;       // [split tiles, consumers] pieces of the tile finished, per warpgroup: zero at the
+                       // start, and the last piece resets its counter (zeroed_counters.h)
 };
 
 // The kernels' arguments. q, k, v are seen by TMA as 4-D tensors (D, S, heads, B) with their own

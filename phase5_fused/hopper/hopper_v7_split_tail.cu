@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "hopper_v4_pingpong.cuh"
+#include "zeroed_counters.h"
 
 namespace hopper {
 namespace {
@@ -69,7 +70,13 @@ __device__ __forceinline__ void merge_pieces(float (&o)[D / 2], const float (&m)
   //    piece of the tile goes on.
   __threadfence();
   named_barrier_sync(barrier, kWarpgroup);
-  if (tid == 0) merges[wg] = atomicAdd(&st.arrivals[slot * kConsumers + wg], 1) == st.splits - 1;
+  if (tid == 0) {
+    int* arrivals = &st.arrivals[slot * kConsumers + wg];
+    const bool last = atomicAdd(arrivals, 1) == st.splits - 1;
+    // Every piece has counted: leave the counter at zero for the next call (zeroed_counters.h).
+    if (last) *arrivals = 0;
+    merges[wg] = last;
+  }
   named_barrier_sync(barrier, kWarpgroup);
   if (!merges[wg]) return;
   __threadfence();
@@ -182,18 +189,17 @@ void launch_v7(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
       launch_v6(p, D, dtype, stream);
       return;
     }
-    // The partial buffers and the zeroed arrival counters in one allocation (freed in stream order).
+    // The partial buffers (freed in stream order) and the arrival counters, which every call
+    // leaves at zero (utils/csrc/zeroed_counters.h: no memset per call).
     const int64_t pieces = plan.split_tiles * plan.splits * Tl::kConsumers;
     const int64_t o_floats = pieces * 64 * kD, lse_floats = pieces * kWarpgroup * 2;
-    const int64_t counters = plan.split_tiles * Tl::kConsumers;
+    const int device = at::cuda::current_device();
     const at::Tensor buffers =
-        at::empty({o_floats + lse_floats + counters},
-                  at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, at::cuda::current_device()));
+        at::empty({o_floats + lse_floats}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device));
+    const at::Tensor arrivals = course::zeroed_counters(plan.split_tiles * Tl::kConsumers, device, stream);
     Params q = p;
     q.split = SplitTail{static_cast<int>(plan.whole_tiles), plan.splits, buffers.data_ptr<float>(),
-                        buffers.data_ptr<float>() + o_floats,
-                        reinterpret_cast<int*>(buffers.data_ptr<float>() + o_floats + lse_floats)};
-    C10_CUDA_CHECK(cudaMemsetAsync(q.split.arrivals, 0, counters * sizeof(int), stream));
+                        buffers.data_ptr<float>() + o_floats, arrivals.data_ptr<int>()};
     const dim3 grid(static_cast<unsigned>(plan.whole_tiles + plan.split_tiles * plan.splits));
     launch_on_grid<hopper_v7_kernel<T, kD>, Smem<kD, kStages, Tl>::kBytes, threads_of(Tl::kConsumers)>(q, grid,
                                                                                                       stream);

@@ -182,6 +182,33 @@ def test_split_tail_is_deterministic(D):
 
 
 @requires_hopper
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+def test_split_tail_counters_per_stream_and_in_graphs(D):
+    """v7's arrival counters are zeroed once per stream and left at zero by every call: calls on two
+    streams in flight together, a call captured in a CUDA graph and replayed, and the calls after
+    it all merge every split tile (a counter left behind would skip a merge: NaN rows)."""
+    q, k, v, info = make_qkv(2, 3, 1000, 1000, D, torch.float16)
+    expected = run(q, k, v, version="v7_split_tail")
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        on_side = hopper.attention(q, k, v, version="v7_split_tail")
+    on_main = hopper.attention(q, k, v, version="v7_split_tail")
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = hopper.attention(q, k, v, version="v7_split_tail")
+    results = {"side stream": on_side, "main stream": on_main}
+    for replay in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        results[f"graph replay {replay}"] = captured.clone()
+    results["after the graph"] = run(q, k, v, version="v7_split_tail")
+    for name, out in results.items():
+        assert torch.equal(out, expected), f"v7 on the {name} differs from the first call {info}"
+
+
+@requires_hopper
 @pytest.mark.parametrize("version", hopper.VERSIONS)
 @pytest.mark.parametrize("dtype,magnitude", [(torch.float16, 100.0), (torch.bfloat16, 1000.0)],
                          ids=["fp16", "bf16"])
