@@ -69,7 +69,7 @@ PHASE_IDEAS = {
     "phase5_fused/tensor_cores/tc_attention.cu": ["o[mt][dn][2 * r] *= alpha", "__frcp_rn(total)"],
     "phase5_fused/tensor_cores/tc_versions.cuh": ["expf(st.m[mt][r] - m_ref)", "1.0f / l_row"],
     "phase5_fused/decode/decode_split.cu": ["exp2f(m[n] - base)", "o[n][e] * inv_l"],
-    "phase5_fused/decode/decode_merge.cu": ["exp2f(weight[s] - lse)"],
+    "phase5_fused/decode/decode_merge.cuh": ["exp2f(weight[s] - lse)"],
     "phase5_fused/hopper/hopper_kernel.cuh": ["tc::exp2_approx(m[h] - m_use)", "o[4 * j + e] *= alpha[e / 2]",
                                               "__frcp_rn(total)"],
     "phase6_layernorm_mlp/linear_tile.cuh": ["acc[i][j] = fmaf(a[i], w[j], acc[i][j])", "activate<ACT>(out)"],
@@ -80,7 +80,7 @@ PORTS = ("phase5_fused/fp32/fused_v2_register_tiles.cu", "phase5_fused/fp32/fuse
          "phase5_fused/fp32/fused_v4_exp2.cu", "phase5_fused/fp32/fused_fast.cu",
          "phase5_fused/tensor_cores/tc_attention.cu", "phase5_fused/tensor_cores/tc_versions.cuh",
          "phase5_fused/decode/decode_split.cu",
-         "phase5_fused/decode/decode_merge.cu", "phase5_fused/hopper/hopper_kernel.cuh",
+         "phase5_fused/decode/decode_merge.cuh", "phase5_fused/hopper/hopper_kernel.cuh",
          "phase5_fused/hopper/hopper_v7_split_tail.cu",
          "phase6_layernorm_mlp/linear_tile.cuh",
          "phase6_layernorm_mlp/linear.cu")

@@ -1,5 +1,6 @@
 """Phase 5, decoding: attention of a few new tokens against a long KV cache, split over the keys
-(flash-decoding), with grouped-query attention and a paged cache (decode_split.cu, decode_merge.cu).
+(flash-decoding), with grouped-query attention and a paged cache (decode_split.cu, decode_split_tc.cu;
+the merge of the splits in decode_merge.cuh, run by the split kernel itself or by decode_merge.cu).
 
     from phase5_fused import decode
     out = decode.attention(q, k_cache, v_cache, cache_lengths)                        # contiguous cache
@@ -73,7 +74,7 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake(f"{NAME}::attention")
     def _attention_fake(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
-                        tensor_cores, stages):
+                        tensor_cores, stages, fused_merge):
         B, H, Sq, _ = q.shape
         return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -287,7 +288,7 @@ def check_stages(stages, kernel: str) -> None:
 
 def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float | None = None,
               num_splits: int | None = None, return_lse: bool = False, check_values: bool = False,
-              kernel: str | None = None, stages: int | None = None):
+              kernel: str | None = None, stages: int | None = None, fused_merge: bool = True):
     """softmax(scale q k^T, bottom-right causal) v over each sequence's cached keys.
 
     q [B, H, Sq, D] (copied if not contiguous); k_cache, v_cache contiguous [B, H_kv, S_max, D], or
@@ -299,9 +300,13 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     sync; without it a bad value gives NaN rows, see the module docstring). kernel: the split
     kernel, one of KERNELS (None: choose_kernel). stages: the split kernel's ring of K/V tiles, one
     of TENSOR_CORE_STAGES on tensor cores, CUDA_CORE_STAGES on CUDA cores (None: choose_stages,
-    the deepest the GPU's shared memory per block holds).
+    the deepest the GPU's shared memory per block holds). fused_merge: with several splits, the split
+    kernel's blocks merge them (the last block of each row group, README "The merge inside the
+    split kernel"); False launches the merge kernel after the split kernel instead.
     Returns out [B, H, Sq, D] in q's dtype (and lse).
     """
+    if not isinstance(fused_merge, bool):
+        raise ValueError(f"fused_merge must be True or False, got {fused_merge!r}")
     B, H, Sq, D, H_kv, capacity = check_decode_inputs(q, k_cache, v_cache, cache_lengths, page_table, scale,
                                                       num_splits, kernel, stages)
     kernel = kernel or choose_kernel(q.dtype, D)  # (check_decode_inputs checked a named one)
@@ -321,5 +326,5 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
         stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device), blocks * num_splits,
                                sm_count(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
-                                num_splits, block_rows, kernel == "tensor_cores", stages)
+                                num_splits, block_rows, kernel == "tensor_cores", stages, fused_merge)
     return (out, lse) if return_lse else out

@@ -1,5 +1,5 @@
-// Host interface of the decoding kernels (decode_split.cu, decode_split_tc.cu, decode_merge.cu),
-// called by decode_ops.cpp.
+// Host interface of the decoding kernels (decode_split.cu, decode_split_tc.cu, decode_merge.cu; the
+// merge itself in decode_merge.cuh), called by decode_ops.cpp.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,8 @@ struct Params {
   float* lse;               // [B, H, Sq] natural logsumexp of each row
   float* o_part;            // [num_splits, B * H * Sq, D] each split's normalised output (num_splits > 1)
   float* lse_part;          // [num_splits, B * H * Sq] each split's logsumexp in base 2 (num_splits > 1)
+  int* arrivals;            // [B * H_kv, row chunks] splits finished per row group, at zero between calls, for
+                            // the in-kernel merge (num_splits > 1); nullptr: the merge kernel runs instead
   int B, H, H_kv, Sq;
   int rows;                 // R = (H / H_kv) * Sq rows per KV head
   int rows_per_block;       // R_c <= kMaxRows
@@ -60,7 +62,8 @@ inline bool tensor_core_stages(int64_t s) { return s == 2 || s == 3; }
 // One decoding step. Shapes, dtypes, devices and stages are checked by the caller; o_part / lse_part are
 // fp32 workspaces when p.num_splits > 1. Launches the split kernel (on tensor cores if asked,
 // decode_split_tc.cu, with a ring of `stages` stages; the CUDA-core kernel takes kCudaCoreStages),
-// then (num_splits > 1) the merge kernel, on `stream`, and checks each launch.
+// which with num_splits > 1 also merges the splits where p.arrivals is set; where it is not, the
+// merge kernel follows. On `stream`; each launch is checked.
 void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged, bool tensor_cores, int stages,
                    cudaStream_t stream);
 

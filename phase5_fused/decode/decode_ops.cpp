@@ -1,8 +1,8 @@
 // Torch op of the decoding lesson (namespace phase5_fused_decode): validation that names the
-// argument, the workspaces, then the launch of decode_split.cu or decode_split_tc.cu (and
-// decode_merge.cu) on the current CUDA stream.
+// argument, the workspaces, then the launch of decode_split.cu or decode_split_tc.cu (and, without
+// fused_merge, decode_merge.cu) on the current CUDA stream.
 //   attention(q, k_cache, v_cache, cache_lengths, page_table, scale, num_splits, rows_per_block,
-//             tensor_cores, stages) -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
+//             tensor_cores, stages, fused_merge) -> (out [B, H, Sq, D] in q's dtype, lse [B, H, Sq] float32)
 // The values of cache_lengths and page_table are not read here (that would wait for the GPU):
 // the kernel checks them and writes NaN rows for a bad sequence (phase5_fused/decode/README.md).
 #include <ATen/ATen.h>
@@ -16,6 +16,7 @@
 
 #include "attention_args.h"
 #include "decode.h"
+#include "zeroed_counters.h"
 
 namespace {
 
@@ -44,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const at::Tensor& cache_lengths,
                                              const c10::optional<at::Tensor>& page_table, double scale,
                                              int64_t num_splits, int64_t rows_per_block, bool tensor_cores,
-                                             int64_t stages) {
+                                             int64_t stages, bool fused_merge) {
   // q [B, H, Sq, D]: CUDA, contiguous, float16 / bfloat16 / float32, 1 <= Sq <= 16, D supported.
   TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
@@ -107,10 +108,15 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({B, H, Sq}, q.options().dtype(at::kFloat));
-  at::Tensor o_part, lse_part;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor o_part, lse_part, arrivals;
   if (num_splits > 1) {
     o_part = at::empty({num_splits, B * H * Sq, D}, q.options().dtype(at::kFloat));
     lse_part = at::empty({num_splits, B * H * Sq}, q.options().dtype(at::kFloat));
+    // The in-kernel merge's counters, one per (sequence x KV head, row chunk): zero between calls.
+    if (fused_merge)
+      arrivals = course::zeroed_counters(B * H_kv * ((rows + rows_per_block - 1) / rows_per_block),
+                                         q.get_device(), stream);
   }
 
   phase5_decode::Params p{};
@@ -123,6 +129,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.lse = lse.data_ptr<float>();
   p.o_part = num_splits > 1 ? o_part.data_ptr<float>() : nullptr;
   p.lse_part = num_splits > 1 ? lse_part.data_ptr<float>() : nullptr;
+  p.arrivals = arrivals.defined() ? arrivals.data_ptr<int>() : nullptr;
   p.B = static_cast<int>(B);
   p.H = static_cast<int>(H);
   p.H_kv = static_cast<int>(H_kv);
@@ -136,8 +143,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.num_pages = static_cast<int>(k_cache.size(0));
   p.max_pages = static_cast<int>(max_pages);
   p.scale_log2 = static_cast<float>(scale) * 1.4426950408889634f;
-  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, tensor_cores, static_cast<int>(stages),
-                               c10::cuda::getCurrentCUDAStream());
+  phase5_decode::launch_decode(p, q.scalar_type(), D, paged, tensor_cores, static_cast<int>(stages), stream);
   return {out, lse};
 }
 
@@ -145,7 +151,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 
 TORCH_LIBRARY(phase5_fused_decode, m) {
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, Tensor? page_table, "
-        "float scale, int num_splits, int rows_per_block, bool tensor_cores, int stages) -> (Tensor, Tensor)");
+        "float scale, int num_splits, int rows_per_block, bool tensor_cores, int stages, bool fused_merge) -> "
+        "(Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_decode, CUDA, m) { m.impl("attention", &attention); }

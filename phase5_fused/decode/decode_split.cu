@@ -1,4 +1,4 @@
-// Flash-decoding, kernel 1 of 2: the split kernel.
+// Flash-decoding: the split kernel (and, by default, the merge of its splits).
 //
 // A decoding step has few query rows (Sq new tokens x H query heads) and a long KV cache. One block
 // per (sequence, head) would leave most of the GPU idle (B * H_kv blocks for 132 SMs), so the keys
@@ -11,7 +11,8 @@
 // streams its key range of K and V through shared memory once (cp.async, 16-byte copies, double
 // buffered: kStages = 2), runs the online softmax in FP32 with exp2 (scores pre-scaled by log2(e)), and writes
 // its rows' partial output O_s = sum_j p_j v_j / l and logsumexp lse_s = m + log2(l) (base 2).
-// decode_merge.cu combines the splits; with one split this kernel writes the final output itself.
+// The block that finishes a row group last merges its splits (decode_merge.cuh merge_if_last), or
+// the merge kernel decode_merge.cu does; with one split this kernel writes the final output itself.
 //
 // Masking is bottom-right causal: the Sq queries are the last Sq tokens of a sequence of L keys,
 // so query i sees keys j <= L - Sq + i (L >= Sq). Math runs on CUDA cores: a decoding step does
@@ -21,6 +22,7 @@
 
 #include "decode.h"
 #include "decode_common.cuh"
+#include "decode_merge.cuh"
 #include "decode_stream.cuh"
 
 namespace phase5_decode {
@@ -51,6 +53,8 @@ struct Tile : KvTile<T, D> {
 
   static_assert(kThreads % kBc == 0 && kMaxRows % kThreadsPerKey == 0, "score threads cover the tile evenly");
   static_assert(kGroup <= 32 && 32 % kGroup == 0, "a row's group of threads lies inside one warp");
+  static_assert(merge_smem_bytes(kThreads / 32) <= 2 * kCudaCoreStages * KvTile<T, D>::kTileElems * sizeof(T),
+                "the in-kernel merge fits in the K/V tiles");
 };
 
 template <typename T, int D>
@@ -244,6 +248,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
     }
   }
   // END SOLUTION
+
+  // 12. Several splits, in-kernel merge: the block that finishes its row group last merges it.
+  if (p.num_splits > 1 && p.arrivals != nullptr) merge_if_last<T, D>(p, grow0, rows, smem);
 }
 
 template <typename T, int D, bool kPaged>
@@ -277,7 +284,7 @@ void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged,
                    cudaStream_t stream) {
   if (tensor_cores) {
     launch_split_tc(p, dtype, D, paged, stages, stream);
-    if (p.num_splits > 1) launch_merge(p, dtype, D, stream);
+    if (p.num_splits > 1 && p.arrivals == nullptr) launch_merge(p, dtype, D, stream);
     return;
   }
   switch (dtype) {
@@ -286,7 +293,7 @@ void launch_decode(const Params& p, at::ScalarType dtype, int64_t D, bool paged,
     case at::kFloat: launch_for_head_dim<float>(p, D, paged, stream); break;
     default: TORCH_CHECK(false, "q must be float16, bfloat16 or float32, got ", dtype);
   }
-  if (p.num_splits > 1) launch_merge(p, dtype, D, stream);
+  if (p.num_splits > 1 && p.arrivals == nullptr) launch_merge(p, dtype, D, stream);
 }
 
 }  // namespace phase5_decode

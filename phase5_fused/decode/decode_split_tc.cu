@@ -1,4 +1,4 @@
-// Flash-decoding, kernel 1 of 2, on tensor cores: the split kernel of decode_split.cu with both
+// Flash-decoding on tensor cores: the split kernel of decode_split.cu with both
 // products on mma.sync (FP16/BF16, D = 64 and 128).
 //
 // Why tensor cores for a memory-bound step: decode_split.cu spends most of its instructions
@@ -14,8 +14,9 @@
 //   S = Q K_w^T (Q in registers as A fragments for the whole kernel, K_w through ldmatrix),
 //   online softmax on the accumulator fragments (rows g and g + 8 of each thread, base 2),
 //   O_w += P V_w (P from the accumulators as A fragments, V_w through ldmatrix.trans).
-// At the end the 4 warps' (m, l, O) are merged through shared memory exactly as decode_merge.cu
-// merges splits, and the block writes its rows (store_result).
+// At the end the 4 warps' (m, l, O) are merged through shared memory exactly as decode_merge.cuh
+// merges splits, and the block writes its rows (store_result); with several splits the block that
+// finishes its row group last then merges the splits (merge_if_last).
 //
 // K and V stream through a ring of kStages stages (decode_stream.cuh): 3 where the device lets a
 // block hold them, so that the copies of two tiles (64 KB) are in flight while one is used, and of
@@ -37,6 +38,7 @@
 #include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx
 #include "decode.h"
 #include "decode_common.cuh"
+#include "decode_merge.cuh"
 #include "decode_stream.cuh"
 
 namespace phase5_decode {
@@ -58,6 +60,7 @@ struct TcTile : KvTile<T, D> {
   // The block's shared memory: kStages stages of K and V (decode/__init__.py's tensor_core_smem_bytes).
   static constexpr size_t smem_bytes(int stages) { return 2 * static_cast<size_t>(stages) * kTileElems * sizeof(T); }
   static_assert(kMergeBytes <= smem_bytes(2), "the merge fits in the K/V tiles of the shallowest ring");
+  static_assert(merge_smem_bytes(kWarps) <= smem_bytes(2), "so does the in-kernel merge of the splits");
 };
 
 template <typename T, int D, bool kPaged, int kStages>
@@ -253,6 +256,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
     for (int e = 0; e < 4; ++e) out[e] *= inv_l;
     store_result<T, D>(p, split, total_rows, grow0 + row, col, out, lse2, col == 0);
   }
+
+  // 10. Several splits, in-kernel merge: the block that finishes its row group last merges it.
+  if (p.num_splits > 1 && p.arrivals != nullptr) merge_if_last<T, D>(p, grow0, rows, smem);
 }
 
 template <typename T, int D, bool kPaged, int kStages>

@@ -143,7 +143,7 @@ struct KvStream {
 // Store kN outputs (columns col .. col + kN - 1) of row `grow` (among all B * H * Sq rows), already
 // divided by l, and (with_lse) the row's base-2 logsumexp lse2: with one split the final output in
 // q's dtype and the natural-log lse, with several the FP32 partials of split `split` for the merge
-// (decode_merge.cu).
+// (decode_merge.cuh).
 template <typename T, int D, int kN>
 __device__ __forceinline__ void store_result(const Params& p, int split, int64_t total_rows, int64_t grow, int col,
                                              const float (&out)[kN], float lse2, bool with_lse) {

@@ -3,7 +3,9 @@
 1. One decoding step in FP16 (Sq = 1 new token, H = 32 query heads, H_kv = 8 KV heads, D = 128) on
    a full cache of S in {4K, 32K, 128K} keys, batch B in {1, 16, 64} (points whose K and V pass
    MAX_KV_GB are skipped): phase5_decode on the contiguous cache (the default split kernel, on
-   tensor cores), phase5_decode_cuda_cores (the CUDA-core split kernel), phase5_decode_paged on the same
+   tensor cores, merging its splits itself), phase5_decode_merge_kernel where the step has several
+   splits (the same split kernel followed by the merge kernel: fused_merge=False),
+   phase5_decode_cuda_cores (the CUDA-core split kernel), phase5_decode_paged on the same
    values in shuffled pages of PAGE_SIZE keys, torch SDPA's flash and cuDNN backends with
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
    reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
@@ -84,6 +86,10 @@ def torch_naive(q, k, v, lengths=None):
 
 def ours(q, k, v, lengths):
     return decode.attention(q, k, v, lengths)
+
+
+def ours_merge_kernel(q, k, v, lengths):
+    return decode.attention(q, k, v, lengths, fused_merge=False)
 
 
 def ours_cuda_cores(q, k, v, lengths):
@@ -168,8 +174,12 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits),
                 decode_row("phase5_decode_cuda_cores", ours_cuda_cores, (q, k, v, lengths), B, S, ref,
                            num_splits=splits)]
-        rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
         profiled = [("phase5_decode", ours)]
+        if splits > 1:
+            rows.append(decode_row("phase5_decode_merge_kernel", ours_merge_kernel, (q, k, v, lengths), B, S, ref,
+                                   num_splits=splits))
+            profiled.append(("phase5_decode_merge_kernel", ours_merge_kernel))
+        rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
         for name in SDPA:
             fn = sdpa_gqa(name)
             try:

@@ -1,5 +1,6 @@
 """Every instantiation of the decoding kernels (split kernel x dtype x D x contiguous / paged x,
-on tensor cores, each ring of TENSOR_CORE_STAGES that fits the GPU; one split and the merge), once, on
+on tensor cores, each ring of TENSOR_CORE_STAGES that fits the GPU; one split, and several merged in
+the split kernel and by the merge kernel), once, on
 small awkward sizes, checked against the float64 reference; run under compute-sanitizer by
 `python -m utils.sanitize phase5_fused.decode` (memcheck + racecheck).
 
@@ -40,19 +41,20 @@ def main() -> int:
                 q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, D, dtype, page_size, spare=40)
                 ref = reference.decode_attention(q, k, v, n, page_table=table)
                 for kernel, stages in rings:
-                    for splits in (1, 3, 40):  # 40: the merge's warps each take two rounds of splits
+                    # (splits, fused_merge); 40 splits: the merge's warps each take several rounds
+                    for splits, fused in ((1, True), (3, True), (40, True), (40, False)):
                         out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel,
-                                               stages=stages)
+                                               stages=stages, fused_merge=fused)
                         assert_close(out, ref, dtype=dtype, rel_tol=TOL[dtype],
-                                     seed_info=f"{info} {kernel} stages={stages} splits={splits}")
+                                     seed_info=f"{info} {kernel} stages={stages} splits={splits} fused={fused}")
                         cases += 1
     # The NaN path: a length past the capacity, a page entry past the cache.
     q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, 64, torch.float16, 16, spare=40)
     n[1] = table.shape[1] * 16 + 1
     table[3, 2] = k.shape[0]
     for kernel in decode.KERNELS:
-        for splits in (1, 3):
-            out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel)
+        for splits, fused in ((1, True), (3, True), (3, False)):
+            out = decode.attention(q, k, v, n, page_table=table, num_splits=splits, kernel=kernel, fused_merge=fused)
             assert out[1].isnan().all() and out[3].isnan().all() and not out[[0, 2]].isnan().any(), info
             cases += 1
     torch.cuda.synchronize()

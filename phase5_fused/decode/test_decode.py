@@ -66,11 +66,11 @@ def run(q, k, v, lengths, table, **kwargs):
                          (B, H, Sq, D), (B, H, Sq), (splits, B * H * Sq, D), (splits, B * H * Sq))
 
 
-def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=None, stages=None):
+def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=None, stages=None, fused_merge=True):
     if kernel is not None and kernel != decode.choose_kernel(q.dtype, q.shape[-1]) and kernel != "cuda_cores":
         pytest.skip(f"no {kernel} kernel for {q.dtype} at D={q.shape[-1]}")
     out, lse = run(q, k, v, lengths, table, scale=scale, num_splits=num_splits, return_lse=True, kernel=kernel,
-                   stages=stages)
+                   stages=stages, fused_merge=fused_merge)
     ref, ref_lse = reference.decode_attention(q, k, v, lengths, page_table=table, scale=scale, return_lse=True)
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     err = assert_close(out, ref, dtype=q.dtype, rel_tol=TOL[q.dtype], seed_info=info)
@@ -187,6 +187,44 @@ def test_keys_past_the_length_are_never_used(layout, kernel):
 
 
 @requires_gpu
+@pytest.mark.parametrize("num_splits", [2, 7, 300])
+@pytest.mark.parametrize("D", decode.SUPPORTED_D)
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_merge_kernel(kernel, D, num_splits):
+    """fused_merge=False: the split kernel writes partials only and the merge kernel merges them
+    (the other tests run the default, the split kernel's in-kernel merge)."""
+    case = make_case([5000, 3, 640], 8, 2, 3, D, torch.float16, None)
+    check(*case, num_splits=num_splits, kernel=kernel, fused_merge=False)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", decode.KERNELS)
+def test_in_kernel_merge_counters_per_stream_and_in_graphs(kernel):
+    """The in-kernel merge's counters are zeroed once per stream and left at zero by every call:
+    calls on two streams in flight together, a call captured in a CUDA graph and replayed, and the
+    calls after it all merge every row group (a counter left behind would skip a merge)."""
+    q, k, v, lengths, table, info = make_case([3000, 2000, 700], 8, 2, 2, 128, torch.float16, None)
+    expected = run(q, k, v, lengths, table, num_splits=9, kernel=kernel)
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        on_side = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
+    on_main = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
+    results = {"side stream": on_side, "main stream": on_main}
+    for replay in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        results[f"graph replay {replay}"] = captured.clone()
+    results["after the graph"] = run(q, k, v, lengths, table, num_splits=9, kernel=kernel)
+    for name, out in results.items():
+        assert torch.equal(out, expected), f"the {name} call differs from the first {info}"
+
+
+@requires_gpu
 def test_splits_are_deterministic_and_one_split_matches_many():
     q, k, v, lengths, table, info = make_case([3000, 2000], 8, 8, 1, 64, torch.float32, None)
     one = run(q, k, v, lengths, table, num_splits=1)
@@ -245,7 +283,7 @@ def test_fake_tensor_shapes():
         q = torch.empty(2, 8, 3, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 2, 40, 64, dtype=torch.bfloat16, device="cuda")
         lengths = torch.empty(2, dtype=torch.int32, device="cuda")
-        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12, True, 3)
+        out, lse = ops.attention(q, k, k, lengths, None, 0.125, 2, 12, True, 3, True)
     assert out.shape == (2, 8, 3, 64) and out.dtype == torch.bfloat16
     assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
 
@@ -339,6 +377,7 @@ BAD_INPUTS = {
                         ValueError, "kernel='tensor_cores' takes"),
     "stages": (lambda q, k, v, n: (q, k, v, n), {"stages": 4}, ValueError, "stages must be one of"),
     "stages not an int": (lambda q, k, v, n: (q, k, v, n), {"stages": 3.0}, ValueError, "stages must be one of"),
+    "fused_merge not a bool": (lambda q, k, v, n: (q, k, v, n), {"fused_merge": 1}, ValueError, "fused_merge must be"),
     "stages for CUDA cores": (lambda q, k, v, n: (q, k, v, n), {"stages": 3, "kernel": "cuda_cores"}, ValueError,
                               "stages must be one of .* cuda_cores"),
     "on the CPU": (lambda q, k, v, n: (q, k, v, n), {}, ValueError, "must be a CUDA tensor"),
@@ -503,4 +542,4 @@ def test_the_op_checks_again(args, message):
     with pytest.raises(RuntimeError, match=message):
         decode.load().attention(q, k, k, lengths, table, 0.125, args.get("num_splits", 1),
                                 args.get("rows_per_block", 8), args.get("tensor_cores", False),
-                                args.get("stages", 2))
+                                args.get("stages", 2), True)
