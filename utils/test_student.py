@@ -66,6 +66,7 @@ PHASE_IDEAS = {
     "phase5_fused/fp32/fused_v3_cp_async.cu": ["o[i][c] *= alpha", "o[i][c] * inv"],
     "phase5_fused/fp32/fused_v4_exp2.cu": ["o[i][c] *= alpha", "o[i][c] * inv"],
     "phase5_fused/fp32/fused_fast.cu": ["exp2f(m[i] - m_use)", "log2f(l_total)"],
+    "phase5_fused/fp32/fused_v6_tf32x3.cu": ["alpha[r] = exp2f(m[r] - m_use)", "o[W * grp + i][2 * r] * inv"],
     "phase5_fused/tensor_cores/tc_attention.cu": ["o[mt][dn][2 * r] *= alpha", "__frcp_rn(total)"],
     "phase5_fused/tensor_cores/tc_versions.cuh": ["expf(st.m[mt][r] - m_ref)", "1.0f / l_row"],
     "phase5_fused/decode/decode_split.cu": ["exp2f(m[n] - base)", "o[n][e] * inv_l"],
@@ -78,6 +79,7 @@ PHASE_IDEAS = {
 }
 PORTS = ("phase5_fused/fp32/fused_v2_register_tiles.cu", "phase5_fused/fp32/fused_v3_cp_async.cu",
          "phase5_fused/fp32/fused_v4_exp2.cu", "phase5_fused/fp32/fused_fast.cu",
+         "phase5_fused/fp32/fused_v6_tf32x3.cu",
          "phase5_fused/tensor_cores/tc_attention.cu", "phase5_fused/tensor_cores/tc_versions.cuh",
          "phase5_fused/decode/decode_split.cu",
          "phase5_fused/decode/decode_merge.cuh", "phase5_fused/hopper/hopper_kernel.cuh",

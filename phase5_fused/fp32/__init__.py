@@ -3,10 +3,11 @@
 attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
           return_lse=False, kernel="fast", variant=0, window=None)
     softmax(scale * q k^T + mask) v for q [B, H, Sq, D], k/v [B, H, Sk, D], float32 CUDA tensors.
-    `kernel` picks one of the five versions of the lesson (KERNELS, in order, each one idea further;
+    `kernel` picks one of the six versions of the lesson (KERNELS, in order, each one idea further;
     README "Versions"): "teaching" runs fused_teaching.cu (Algorithm 1 in its clearest form), "v2"
-    fused_v2_register_tiles.cu, "v3" fused_v3_cp_async.cu, "v4" fused_v4_exp2.cu, and "fast"
-    fused_fast.cu (register-tiled, cp.async, exp2, gathered strided keys). Every version computes
+    fused_v2_register_tiles.cu, "v3" fused_v3_cp_async.cu, "v4" fused_v4_exp2.cu, "fast"
+    fused_fast.cu (register-tiled, cp.async, exp2, gathered strided keys), and "tf32x3"
+    fused_v6_tf32x3.cu (both matmuls on tensor cores in 3xTF32, sm_80+). Every version computes
     the same function. Head dims: the fast kernel takes D in SUPPORTED_D (every multiple of 8 from 8
     to 256; a D outside VERSION_D runs on the padded tiles of the next multiple of 32,
     PADDED_TILE_D), the other versions D in VERSION_D only (ValueError naming D and the kernel).
@@ -46,8 +47,8 @@ SUPPORTED_D = tuple(range(8, 257, 8))
 # VERSION_D runs on the smallest one >= D, its columns past D zero-filled on load and never stored.
 PADDED_TILE_D = (32, 64, 96, 128, 160, 192, 224, 256)
 DTYPES = (torch.float32,)
-# The versions of the fused kernel, in the order of the lesson (v1 ... v5).
-KERNELS = ("teaching", "v2", "v3", "v4", "fast")
+# The versions of the fused kernel, in the order of the lesson (v1 ... v6).
+KERNELS = ("teaching", "v2", "v3", "v4", "fast", "tf32x3")
 # Tile configurations (Br x Bc) of the fast kernel's own instances per D in VERSION_D, in variant
 # order (fused_fast.cu's launch_fast); variant 0 is the default. Every other D has one variant, the
 # padded tile of its width (PADDED_TILES).
@@ -56,7 +57,7 @@ PADDED_TILES = {32: "64x64", 64: "64x64", 96: "64x32", 128: "64x32", 160: "32x32
                 256: "32x16"}
 FAST_VARIANTS = {D: len(FAST_TILES.get(D, ("padded",))) for D in SUPPORTED_D}
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_v2_register_tiles.cu", "fused_v3_cp_async.cu",
-           "fused_v4_exp2.cu", "fused_fast.cu"]
+           "fused_v4_exp2.cu", "fused_fast.cu", "fused_v6_tf32x3.cu"]
 
 
 def _register_fakes() -> None:

@@ -1,5 +1,6 @@
-// What ops.cpp hands to the fused FP32 kernels of phase 5: the five versions, fused_teaching.cu (v1),
-// fused_v2_register_tiles.cu, fused_v3_cp_async.cu, fused_v4_exp2.cu and fused_fast.cu (v5).
+// What ops.cpp hands to the fused FP32 kernels of phase 5: the six versions, fused_teaching.cu (v1),
+// fused_v2_register_tiles.cu, fused_v3_cp_async.cu, fused_v4_exp2.cu, fused_fast.cu (v5) and
+// fused_v6_tf32x3.cu (v6, tensor cores in 3xTF32).
 // Plain data only, so this header is shared by the host compiler and nvcc.
 #pragma once
 
@@ -11,7 +12,7 @@
 namespace phase5 {
 
 // The head dims every version takes, each with a template instance of its own (__init__.py's
-// VERSION_D): the teaching kernel and versions 2-4 take these only.
+// VERSION_D): the teaching kernel, versions 2-4 and the tf32x3 kernel take these only.
 constexpr int kVersionD[] = {32, 64, 80, 96, 128};
 
 // The head dims the fast kernel takes (__init__.py's SUPPORTED_D), and so the FP32 backward: every
@@ -57,6 +58,7 @@ void launch_teaching(const FusedParams& p, int D, cudaStream_t stream);
 void launch_v2(const FusedParams& p, int D, cudaStream_t stream);
 void launch_v3(const FusedParams& p, int D, cudaStream_t stream);
 void launch_v4(const FusedParams& p, int D, cudaStream_t stream);
+void launch_tf32x3(const FusedParams& p, int D, cudaStream_t stream);
 void launch_fast(const FusedParams& p, int D, int variant, cudaStream_t stream);
 int fast_variant_count(int D);
 

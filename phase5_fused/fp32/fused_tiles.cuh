@@ -3,7 +3,8 @@
 // A version's file keeps what that version changes (its loop, loads, masking, softmax step and
 // final normalization), so `diff` of two neighbours shows one idea. Here: the 16 x 16 thread grid,
 // the tile configuration and its shared-memory budget, the two tile loaders, the Q K^T and P V
-// products on register tiles, the store of P, and the launch.
+// products on register tiles, the store of P, and the launch. Version 6 (fused_v6_tf32x3.cu, on
+// tensor cores) takes the block size, the cp.async loader, the vector helpers and the launch.
 //
 // Everything sits in an anonymous namespace, as it did in each version's file: each kernel file gets
 // its own copy, and the kernels keep their names (phase5::(anonymous)::TileConfig<...>).

@@ -1,4 +1,4 @@
-// Phase 5, FP32 fused attention, version 2 of 5: the teaching kernel's algorithm on register tiles,
+// Phase 5, FP32 fused attention, version 2 of 6: the teaching kernel's algorithm on register tiles,
 // with Q K^T in float4 steps from padded row-major shared memory.
 //
 // The versions of this lesson, each one idea further than the one before (README.md, "Versions";
@@ -11,6 +11,8 @@
 //                                  sums: fewer instructions per score
 //   v5 fused_fast.cu               a mask-free branch for the tiles that need no mask, strided keys
 //                                  gathered, heaviest query blocks first
+//   v6 fused_v6_tf32x3.cu          both matmuls on tensor cores in 3xTF32 (mma.sync m16n8k8): a new
+//                                  structure, warp fragments instead of register tiles
 //
 // What this version adds (ideas 1 and 2 of fused_fast.cu's header):
 //   1. Register tiling. 256 threads form a 16 x 16 grid. Thread (ty, tx) owns TM = Br/16 query rows

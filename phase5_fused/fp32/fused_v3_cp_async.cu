@@ -1,4 +1,4 @@
-// Phase 5, FP32 fused attention, version 3 of 5: version 2 plus cp.async, with K and V
+// Phase 5, FP32 fused attention, version 3 of 6: version 2 plus cp.async, with K and V
 // double-buffered.
 //
 // The versions of this lesson, each one idea further than the one before (README.md, "Versions";
@@ -11,6 +11,8 @@
 //                                  sums: fewer instructions per score
 //   v5 fused_fast.cu               a mask-free branch for the tiles that need no mask, strided keys
 //                                  gathered, heaviest query blocks first
+//   v6 fused_v6_tf32x3.cu          both matmuls on tensor cores in 3xTF32 (mma.sync m16n8k8): a new
+//                                  structure, warp fragments instead of register tiles
 //
 // What this version adds (idea 3 of fused_fast.cu's header):
 //   3. cp.async (16 bytes, zero-fill past the end) for every tile: the copy goes from global to

@@ -1,4 +1,4 @@
-// Phase 5, FP32 fused attention, version 4 of 5: version 3 plus exp2 with the softmax scale folded
+// Phase 5, FP32 fused attention, version 4 of 6: version 3 plus exp2 with the softmax scale folded
 // in, and per-thread partial row sums.
 //
 // The versions of this lesson, each one idea further than the one before (README.md, "Versions";
@@ -11,6 +11,8 @@
 //                                  sums: fewer instructions per score
 //   v5 fused_fast.cu               a mask-free branch for the tiles that need no mask, strided keys
 //                                  gathered, heaviest query blocks first
+//   v6 fused_v6_tf32x3.cu          both matmuls on tensor cores in 3xTF32 (mma.sync m16n8k8): a new
+//                                  structure, warp fragments instead of register tiles
 //
 // What this version adds (ideas 4 and 5 of fused_fast.cu's header):
 //   4. exp2f with the softmax scale folded into log2(e): x = s * scale * log2(e) is one FMUL (one

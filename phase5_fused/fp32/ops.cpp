@@ -1,7 +1,8 @@
 // Phase 5 ops: validation (each error names the argument), then the launch of one version of the
 // fused kernel on the current CUDA stream.
 //   phase5_fused::attention_teaching(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse)
-//   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...): the same arguments
+//   phase5_fused::attention_v2(...), attention_v3(...), attention_v4(...), attention_tf32x3(...): the
+//       same arguments
 //   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
 //       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none),
 //       and every D that is a multiple of 8 up to 256 (the others take fused.h's kVersionD only)
@@ -110,7 +111,8 @@ std::tuple<at::Tensor, at::Tensor> attention_fast(
 
 TORCH_LIBRARY(phase5_fused, m) {
   // The versions with one tile configuration per D share one signature.
-  for (const char* name : {"attention_teaching", "attention_v2", "attention_v3", "attention_v4"}) {
+  for (const char* name : {"attention_teaching", "attention_v2", "attention_v3", "attention_v4",
+                           "attention_tf32x3"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
         "Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)";
@@ -132,6 +134,7 @@ TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
   m.impl("attention_v2", &attention_version<phase5::launch_v2>);
   m.impl("attention_v3", &attention_version<phase5::launch_v3>);
   m.impl("attention_v4", &attention_version<phase5::launch_v4>);
+  m.impl("attention_tf32x3", &attention_version<phase5::launch_tf32x3>);
   m.impl("attention_fast", &attention_fast);
   m.impl("attention_fast_inference", &attention_fast);
 }

@@ -1,7 +1,7 @@
 """`python -m phase5_fused.fp32.run [--quick] [--no-ncu]`: measure the FP32 fused kernels, then render.
 
 1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 32768: the
-   teaching and the fast kernel beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on
+   teaching, the fast and the tf32x3 kernel beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on
    the same inputs in the same run (the S x S paths and the slow kernels stop at MAX_S).
 2. Every version of the fused kernel (fp32.KERNELS) beside sdpa_efficient at S=4096, D in {64, 128},
    causal and not (section `versions`: each row with its version number, the idea it adds and its
@@ -58,7 +58,8 @@ VERSIONS = {"teaching": ("phase5_fused_teaching", "fusion: online softmax, one t
             "v2": ("phase5_fused_v2", "register tiles, float4 Q K^T"),
             "v3": ("phase5_fused_v3", "cp.async, K and V double-buffered"),
             "v4": ("phase5_fused_v4", "exp2 with the scale folded in, partial row sums"),
-            "fast": ("phase5_fused", "mask-free tiles, strided gather, heaviest blocks first")}
+            "fast": ("phase5_fused", "mask-free tiles, strided gather, heaviest blocks first"),
+            "tf32x3": ("phase5_fused_tf32x3", "tensor cores: 3xTF32 mma.sync, Q in registers")}
 NCU_IMPLS = ["phase2_naive", "phase3_tiled_t16", "phase4_coalesced",
              *(VERSIONS[kernel][0] for kernel in fp32.KERNELS), "sdpa_efficient"]
 
@@ -74,9 +75,9 @@ def version_impls() -> dict:
 
 
 def fused_impls() -> dict:
-    """The versions the sweep times at every S: the teaching kernel and the fast one."""
+    """The versions the sweep times at every S: the teaching kernel, the fast one and the tensor-core one."""
     versions = version_impls()
-    return {name: versions[name] for name in ("phase5_fused_teaching", "phase5_fused")}
+    return {name: versions[name] for name in ("phase5_fused_teaching", "phase5_fused", "phase5_fused_tf32x3")}
 
 
 def peer_impls(verbose=True) -> dict:
