@@ -99,6 +99,30 @@ def poisoned_call(fn, *shapes):
     return fn()
 
 
+def outputs_across_streams_and_graphs(call, after=None) -> dict[str, torch.Tensor]:
+    """For a kernel that keeps state per CUDA stream (counters zeroed once and left at zero by every
+    call): call() on a side stream and on the main stream in flight together, then captured in a
+    CUDA graph and replayed twice (its output NaN-filled before each replay), then `after()` (default
+    call) once the graph is done. Returns each output by name: "side stream", "main stream",
+    "graph replay 0", "graph replay 1", "after the graph"; every one must equal a plain call's."""
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        on_side = call()
+    on_main = call()
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    results = {"side stream": on_side, "main stream": on_main}
+    for replay in range(2):
+        poison_(captured)
+        graph.replay()
+        results[f"graph replay {replay}"] = captured.clone()
+    results["after the graph"] = (after or call)()
+    return results
+
+
 # (B, H, Sq, Sk, D) for the three-kernel phases: S in {1, 17, 127, 128, 1000, 1024}, Sq != Sk both
 # ways, D in {32, 64, 80, 128}; no S and no D is a multiple of every tile.
 UNFUSED_SHAPES = [

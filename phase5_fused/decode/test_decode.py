@@ -14,7 +14,8 @@ import torch
 
 from phase5_fused import decode
 from utils import reference
-from utils.testing import assert_close, new_seed, poisoned_call, randn, requires_gpu
+from utils.testing import (assert_close, new_seed, outputs_across_streams_and_graphs, poisoned_call, randn,
+                           requires_gpu)
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2, torch.float32: 2e-5}
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -205,21 +206,9 @@ def test_in_kernel_merge_counters_per_stream_and_in_graphs(kernel):
     calls after it all merge every row group (a counter left behind would skip a merge)."""
     q, k, v, lengths, table, info = make_case([3000, 2000, 700], 8, 2, 2, 128, torch.float16, None)
     expected = run(q, k, v, lengths, table, num_splits=9, kernel=kernel)
-    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        on_side = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
-    on_main = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
-    main.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel)
-    results = {"side stream": on_side, "main stream": on_main}
-    for replay in range(2):
-        captured.fill_(float("nan"))
-        graph.replay()
-        results[f"graph replay {replay}"] = captured.clone()
-    results["after the graph"] = run(q, k, v, lengths, table, num_splits=9, kernel=kernel)
+    results = outputs_across_streams_and_graphs(
+        lambda: decode.attention(q, k, v, lengths, num_splits=9, kernel=kernel),
+        after=lambda: run(q, k, v, lengths, table, num_splits=9, kernel=kernel))
     for name, out in results.items():
         assert torch.equal(out, expected), f"the {name} call differs from the first {info}"
 

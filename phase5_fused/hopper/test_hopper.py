@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from phase5_fused import hopper
 from utils import reference
-from utils.testing import assert_close, new_seed, randn, rel_error, requires_gpu
+from utils.testing import assert_close, new_seed, outputs_across_streams_and_graphs, randn, rel_error, requires_gpu
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -189,21 +189,8 @@ def test_split_tail_counters_per_stream_and_in_graphs(D):
     it all merge every split tile (a counter left behind would skip a merge: NaN rows)."""
     q, k, v, info = make_qkv(2, 3, 1000, 1000, D, torch.float16)
     expected = run(q, k, v, version="v7_split_tail")
-    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        on_side = hopper.attention(q, k, v, version="v7_split_tail")
-    on_main = hopper.attention(q, k, v, version="v7_split_tail")
-    main.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = hopper.attention(q, k, v, version="v7_split_tail")
-    results = {"side stream": on_side, "main stream": on_main}
-    for replay in range(2):
-        captured.fill_(float("nan"))
-        graph.replay()
-        results[f"graph replay {replay}"] = captured.clone()
-    results["after the graph"] = run(q, k, v, version="v7_split_tail")
+    results = outputs_across_streams_and_graphs(lambda: hopper.attention(q, k, v, version="v7_split_tail"),
+                                                after=lambda: run(q, k, v, version="v7_split_tail"))
     for name, out in results.items():
         assert torch.equal(out, expected), f"v7 on the {name} differs from the first call {info}"
 
