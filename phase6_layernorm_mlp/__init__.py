@@ -25,6 +25,7 @@ Importing this package builds nothing; the extension is built (or loaded) by the
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -33,16 +34,21 @@ from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
-SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu"]
-# The SGEMM's kernels and tile configurations, in variant order (linear.cu's and linear_async.cu's
-# headers); LINEAR_DEFAULT is the variant that won in run.py's timing on the H100.
+SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu", "linear_rows.cu"]
+# The SGEMM's kernels and tile configurations, in variant order (the headers of linear.cu,
+# linear_async.cu and linear_rows.cu); LINEAR_DEFAULT is the tiled variant that won in run.py's
+# timing on the H100, LINEAR_ROWS the few-rows kernel, which the API picks for M (the product of
+# x's leading dimensions) up to LINEAR_ROWS_UP_TO: the crossover of run.py's few-rows sweep.
 LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
                 "registers, 8x8 per thread, 256 threads, 1 block/SM",
                 "registers, 8x16 per thread, 128 threads, 2 blocks/SM",
                 "cp.async, 8x8 per thread, 256 threads, BK 16, 3 stages",
                 "cp.async, 8x8 per thread, 256 threads, BK 32, 3 stages",
-                "cp.async, 8x16 per thread, 128 threads, BK 16, 4 stages")
+                "cp.async, 8x16 per thread, 128 threads, BK 16, 4 stages",
+                "few rows: a warp per output column, lanes over K, up to 16 rows per block")
 LINEAR_DEFAULT = 0
+LINEAR_ROWS = 6
+LINEAR_ROWS_UP_TO = 16
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 # linear's activation -> the GELU form its backward differentiates.
@@ -265,23 +271,31 @@ def gelu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str = "tanh") 
     return load().gelu_backward(dy, x, approximate)
 
 
-def _check_variant(variant) -> int:
-    if variant is None:
-        return LINEAR_DEFAULT
-    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < len(LINEAR_TILES):
-        raise ValueError(f"variant must be an int in [0, {len(LINEAR_TILES)}) (LINEAR_TILES), got {variant!r}")
-    return variant
+def _check_variant(variant) -> None:
+    if variant is not None and (isinstance(variant, bool) or not isinstance(variant, int)
+                                or not 0 <= variant < len(LINEAR_TILES)):
+        raise ValueError(f"variant must be None or an int in [0, {len(LINEAR_TILES)}) (LINEAR_TILES), got {variant!r}")
+
+
+def _variant_for(variant: int | None, x: torch.Tensor) -> int:
+    """The variant asked for, or (None) the few-rows kernel for x's rows up to LINEAR_ROWS_UP_TO
+    and LINEAR_DEFAULT above."""
+    if variant is not None:
+        return variant
+    return LINEAR_ROWS if math.prod(x.shape[:-1]) <= LINEAR_ROWS_UP_TO else LINEAR_DEFAULT
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None, variant: int | None = None) -> torch.Tensor:
     """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features].
-    variant picks the SGEMM's kernel and tile configuration (LINEAR_TILES; None: LINEAR_DEFAULT)."""
-    variant = _check_variant(variant)
+    variant picks the SGEMM's kernel and tile configuration (LINEAR_TILES; None: by x's rows,
+    LINEAR_ROWS up to LINEAR_ROWS_UP_TO of them, else LINEAR_DEFAULT)."""
+    _check_variant(variant)
     check_cuda_tensor(x, "x", (torch.float32,))
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension [..., in_features]")
     x = x.contiguous()
+    variant = _variant_for(variant, x)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be None, 'gelu_tanh' or 'gelu', got {activation!r}")
     check_cuda_tensor(weight, "weight", (torch.float32,), dim=2)
@@ -304,10 +318,12 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Te
     GEMM 1 applies bias and GELU in its epilogue; GEMM 2 applies bias and the residual add in its.
     With autograd recording (grad enabled and an input that requires grad), GEMM 1 applies the bias
     only and the GELU kernel runs after it, so that the backward has the pre-activation.
-    variant: both GEMMs' kernel and tile configuration (LINEAR_TILES; None: LINEAR_DEFAULT).
+    variant: both GEMMs' kernel and tile configuration (LINEAR_TILES; None: picked by x's rows, as
+    in linear).
     """
-    variant = _check_variant(variant)
+    _check_variant(variant)
     x = _check_x(x, "x", (torch.float32,))
+    variant = _variant_for(variant, x)
     if approximate not in ("tanh", "none"):
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
     check_cuda_tensor(w1, "w1", (torch.float32,), dim=2)

@@ -183,7 +183,8 @@ void launch_linear(const float* A, const float* W, const float* bias, const floa
                    int64_t M, int64_t N, int64_t K, Activation act, int variant, cudaStream_t stream) {
   const LinearArgs p{A, W, bias, residual, C, M, N, K, act, stream};
   if (variant < kStagedVariants) launch_linear_staged(p, variant);
-  else launch_linear_async(p, variant - kStagedVariants);
+  else if (variant < kRowsVariant) launch_linear_async(p, variant - kStagedVariants);
+  else launch_linear_rows(p);
 }
 
 }  // namespace phase6

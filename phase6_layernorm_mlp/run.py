@@ -6,7 +6,8 @@
 - GELU (tanh) at 8192 x 2048 FP32 beside F.gelu.
 - The MLP at 8192 tokens, 512 -> 2048 -> 512, FP32, beside torch eager (torch_mlp, TF32 off) and
   torch.compile (torch_mlp_compiled); each GEMM beside cuBLAS SGEMM; then every SGEMM variant
-  (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant).
+  (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant); the two GEMMs at 1 to 512
+  rows (a decode step's shapes), the few-rows kernel and the tiled one beside cuBLAS.
 - The backward: LayerNorm backward (dx, dgamma, dbeta; FP32, BF16) at rows 16384 / 65536 x hidden
   512 / 1024 / 4096 beside torch's (aten native_layer_norm_backward with the mean and rstd its
   forward saved), GB/s from layer_norm_backward_bytes; GELU backward (tanh) beside aten's; the MLP's
@@ -251,6 +252,38 @@ def bench_mlp(quick: bool, notes: list[str]) -> list[dict]:
     return rows
 
 
+# The MLP's two GEMMs with few rows (a decode step's tokens): where the few-rows kernel overtakes
+# the tiled SGEMM (p6.LINEAR_ROWS_UP_TO comes from this sweep), beside cuBLAS through F.linear
+# (bias included, as the model's other linears call it). Timed after the read-only flush: the
+# weight comes from DRAM, and no dirty lines are charged to a kernel of a few microseconds.
+FEW_ROWS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def bench_few_rows(quick: bool) -> list[dict]:
+    hidden, inner = MLP_SHAPE["hidden"], MLP_SHAPE["inner"]
+    w1, b1 = randn(inner, hidden, scale=hidden ** -0.5), randn(inner, scale=0.1)
+    w2, b2 = randn(hidden, inner, scale=inner ** -0.5), randn(hidden, scale=0.1)
+    rows = []
+    for M in FEW_ROWS_M[:4] if quick else FEW_ROWS_M:
+        x, res = randn(M, hidden), randn(M, hidden)
+        h = randn(M, inner)
+        gemms = {"linear1": ((M, inner, hidden), lambda v: p6.linear(x, w1, b1, "gelu_tanh", variant=v),
+                             lambda: F.linear(x, w1, b1)),
+                 "linear2": ((M, hidden, inner), lambda v: p6.linear(h, w2, b2, residual=res, variant=v),
+                             lambda: F.linear(h, w2, b2))}
+        with no_tf32():
+            for op, ((m, n, k), ours, peer) in gemms.items():
+                fields = {"op": f"few_rows_{op}", "M": m, "N": n, "K": k, "dtype": "float32"}
+                args = (roofline.matmul_flops(m, n, k), roofline.matmul_bytes(m, n, k))
+                rows.append(measured({"impl": "cublas_linear", **fields}, peer, *args, flush=LN_FLUSH))
+                for impl, variant in (("phase6_rows", p6.LINEAR_ROWS), ("phase6_tiled", p6.LINEAR_DEFAULT)):
+                    rows.append(measured({"impl": impl, **fields, "variant": variant}, lambda: ours(variant), *args,
+                                         flush=LN_FLUSH))
+    for r in rows:
+        print(f"    {r['impl']:<14} {r['op']:<18} M={r['M']:<4} {r['ms'] * 1e3:8.1f} us", flush=True)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # ncu
 
@@ -298,11 +331,11 @@ def measure(quick: bool, no_ncu: bool = False) -> Path:
     p6.load()
     ceilings = roofline.get_ceilings()
     notes: list[str] = ["--quick run: fewer shapes, no torch.compile, no ncu"] if quick else []
-    rows = bench_layer_norm(ceilings, quick) + bench_gelu() + bench_mlp(quick, notes)
+    rows = bench_layer_norm(ceilings, quick) + bench_gelu() + bench_mlp(quick, notes) + bench_few_rows(quick)
     rows += bench_layer_norm_backward(ceilings, quick) + bench_gelu_backward() + bench_mlp_backward(quick)
     records = [] if quick or no_ncu else run_ncu(notes)
     return write_results(results_dir(HERE, quick) / "metrics.json", rows, ceilings, ncu=records, notes=notes,
-                         linear_default=p6.LINEAR_DEFAULT)
+                         linear_default=p6.LINEAR_DEFAULT, linear_rows_up_to=p6.LINEAR_ROWS_UP_TO)
 
 
 def main(argv=None) -> int:

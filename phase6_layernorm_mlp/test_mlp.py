@@ -131,6 +131,40 @@ def test_mlp_tile_variants(variant):
     assert_close(p6.mlp(x, w1, b1, w2, b2, res, variant=variant), reference.mlp(x, w1, b1, w2, b2, res))
 
 
+FEW_ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)  # every kRows of linear_rows.cu, partial ones, M > 16 in blocks
+
+
+@requires_gpu
+@pytest.mark.parametrize("M", FEW_ROWS)
+@pytest.mark.parametrize("K,N", [(512, 2048), (2048, 512), (515, 131), (4, 3)])
+@pytest.mark.parametrize("variant", (None, p6.LINEAR_ROWS, p6.LINEAR_DEFAULT))
+def test_linear_few_rows(M, K, N, variant):
+    # The few-rows kernel (what the API picks up to LINEAR_ROWS_UP_TO rows) on both load paths,
+    # and the tiled default on the same decode-step shapes.
+    x = randn(M, K)
+    w, b = _weights(N, K)
+    residual = randn(M, N)
+    out = p6.linear(x, w, b, "gelu_tanh", residual, variant=variant)
+    assert_close(out, _linear_ref(x, w, b, "gelu_tanh", residual), what=f"linear {M}x{K}x{N} variant {variant}")
+
+
+@requires_gpu
+def test_linear_few_rows_unaligned_and_epilogues():
+    storage = randn(3 * 64 + 1)
+    x = storage[1:].view(3, 64)  # not 16-byte aligned: the scalar path
+    w, b = _weights(33, 64)
+    for activation in (None, "gelu_tanh", "gelu"):
+        for bias in (b, None):
+            out = p6.linear(x, w, bias, activation, variant=p6.LINEAR_ROWS)
+            assert_close(out, _linear_ref(x, w, bias, activation, None), what=f"rows {activation} bias={bias is not None}")
+
+
+def test_api_picks_the_few_rows_kernel_by_rows():
+    assert p6._variant_for(None, torch.empty(2, p6.LINEAR_ROWS_UP_TO // 2, 8)) == p6.LINEAR_ROWS
+    assert p6._variant_for(None, torch.empty(p6.LINEAR_ROWS_UP_TO + 1, 8)) == p6.LINEAR_DEFAULT
+    assert p6._variant_for(3, torch.empty(1, 8)) == 3
+
+
 @pytest.mark.parametrize("variant", (-1, 99, 1.0, True))
 def test_bad_linear_variant_is_named(variant):
     x = torch.randn(4, 8)
