@@ -27,10 +27,19 @@
 //   1: TM x TN = 8 x 8,  256 threads, 1 block per SM (no cap: the compiler takes ~150 registers)
 //   2: TM x TN = 8 x 16, 128 threads, 2 blocks per SM (cuBLAS's shape here: 8 warps per SM, 128
 //      accumulators per thread, 6 float4 shared-memory reads per 128 FFMA instead of 4 per 64)
+// Split-K (any variant of this file): with a grid of less than one wave of blocks (a few hundred
+// rows: M / 128 x N / 128 blocks), each block would walk all of K while most SMs idle. split_k_for
+// then cuts the k-tiles into gridDim.z ranges; each block writes its raw partial tile to a
+// workspace and linear_split_reduce_kernel sums the ranges and applies the epilogue.
 // What the compiler made of it (SASS, variant 0): it sinks the "prefetch" loads below the
 // multiply, next to the stores that need them, so their latency is not hidden; and each tile
 // recomputes 64-bit load and store addresses. linear_async.cu removes both.
+#include <algorithm>
 #include <cstdint>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include "common.cuh"
 #include "launchers.h"
@@ -94,7 +103,8 @@ __device__ __forceinline__ void store_tile(const float (&regs)[LOADS][4], float 
 template <class Cfg, Activation ACT, bool kVec>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const float* __restrict__ bias,
-              const float* __restrict__ residual, float* __restrict__ C, int64_t M, int64_t N, int64_t K) {
+              const float* __restrict__ residual, float* __restrict__ C, int64_t M, int64_t N, int64_t K,
+              float* __restrict__ partials, int64_t tiles_per_split) {
   constexpr int kThreads = Cfg::kThreads;
   constexpr int kLoads = BM * kQuads / kThreads;  // float4 loads of A (and of W) per thread per tile
   static_assert(Cfg::BK == BK && Cfg::kStages == 2 && BM == BN, "register staging: BK = 16, two stages");
@@ -111,7 +121,10 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   float acc[Cfg::TM][Cfg::TN] = {};
   float a_regs[kLoads][4];
   float w_regs[kLoads][4];
-  const int64_t tiles = course::ceil_div<int64_t>(K, BK);
+  // Split-K (gridDim.z > 1): this block multiplies k-tiles [t_first, t_first + tiles) only.
+  const int64_t t_first = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
+  const int64_t tiles = min(course::ceil_div<int64_t>(K, BK) - t_first, tiles_per_split);
+  const int64_t k_first = t_first * BK;
   const float* A_block = A + m0 * K;  // the block's first row of A and of W
   const float* W_block = W + n0 * K;
   const int a_rows = static_cast<int>(min(M - m0, static_cast<int64_t>(BM)));
@@ -120,8 +133,8 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   // BEGIN SOLUTION: Port of the double buffering of phase 4's matmul_tiled.cu (before its loop, Steps 3 and 5), once phase 4's tests pass, with the two stages As[2], Ws[2]: tile 0 into stage 0, then per k-tile the next tile's loads in flight while multiply_tile works on this stage, stored into the other stage afterwards, one barrier per tile (README: Linear, version 1)
   // Prologue: tile 0 into stage 0.
   if (tiles > 0) {
-    load_tile<kVec, kThreads>(A_block, a_rows, K, 0, a_regs);
-    load_tile<kVec, kThreads>(W_block, w_rows, K, 0, w_regs);
+    load_tile<kVec, kThreads>(A_block, a_rows, K, k_first, a_regs);
+    load_tile<kVec, kThreads>(W_block, w_rows, K, k_first, w_regs);
     store_tile<kThreads>(a_regs, As[0]);
     store_tile<kThreads>(w_regs, Ws[0]);
   }
@@ -132,8 +145,8 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
     // Step 1: issue the global loads of tile t+1; they fly while this tile is computed.
     const bool more = t + 1 < tiles;
     if (more) {
-      load_tile<kVec, kThreads>(A_block, a_rows, K, (t + 1) * BK, a_regs);
-      load_tile<kVec, kThreads>(W_block, w_rows, K, (t + 1) * BK, w_regs);
+      load_tile<kVec, kThreads>(A_block, a_rows, K, k_first + (t + 1) * BK, a_regs);
+      load_tile<kVec, kThreads>(W_block, w_rows, K, k_first + (t + 1) * BK, w_regs);
     }
     // Step 2: acc += A_tile W_tile^T, one outer product of TM a's and TN w's per k.
     multiply_tile<Cfg, QuadSwizzle>(&As[stage][0][0], &Ws[stage][0][0], tx, ty, acc);
@@ -147,20 +160,76 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   }
   // END SOLUTION
 
-  // Step 4: bias, activation, residual, store.
-  store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);
+  // Step 4: bias, activation, residual, store; with split-K, the raw partial sum into this
+  // split's slice of `partials` (linear_split_reduce_kernel finishes the output).
+  if (gridDim.z == 1) {
+    store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);
+  } else {
+    store_output<Cfg, Activation::kNone, kVec>(acc, nullptr, nullptr, partials + blockIdx.z * M * N, M, N, m0, n0,
+                                               tx, ty);
+  }
+}
+
+// Split-K's second step: C = act(sum of the splits' partials + bias) + residual, elementwise.
+template <Activation ACT>
+__global__ void linear_split_reduce_kernel(const float* __restrict__ partials, int splits,
+                                           const float* __restrict__ bias, const float* __restrict__ residual,
+                                           float* __restrict__ C, int64_t M, int64_t N) {
+  const int64_t size = M * N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < size;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = bias != nullptr ? bias[i % N] : 0.0f;
+    for (int s = 0; s < splits; ++s) v += partials[s * size + i];
+    v = activate<ACT>(v);
+    if (residual != nullptr) v += residual[i];
+    C[i] = v;
+  }
+}
+
+// Split-K count: a grid of fewer blocks than one wave (Cfg::kMinBlocks per SM) leaves SMs idle
+// while each block walks all of K (M of a few hundred rows). Double the splits while the grid
+// still fits one wave and each split keeps kMinTilesPerSplit k-tiles.
+constexpr int64_t kMinTilesPerSplit = 8;
+constexpr int kMaxSplits = 32;
+
+template <class Cfg>
+int split_k_for(const LinearArgs& p, const dim3& grid) {
+  const int64_t slots = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
+                        Cfg::kMinBlocks;
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
+  const int64_t tiles = course::ceil_div<int64_t>(p.K, BK);
+  int splits = 1;
+  while (splits < kMaxSplits && blocks * splits * 2 <= slots && tiles >= 2 * splits * kMinTilesPerSplit) splits *= 2;
+  return splits;
 }
 
 template <class Cfg, Activation ACT>
 void launch_config(const LinearArgs& p) {
-  const dim3 grid = linear_grid(p);
+  dim3 grid = linear_grid(p);
+  const int splits = split_k_for<Cfg>(p, grid);
+  const int64_t tiles = course::ceil_div<int64_t>(p.K, BK);
+  const int64_t tiles_per_split = course::ceil_div<int64_t>(tiles, splits);
+  if (splits > 1) grid.z = static_cast<unsigned>(course::ceil_div<int64_t>(tiles, tiles_per_split));  // none empty
+  // The partial sums of split-K: grid.z slices of M x N floats from the caching allocator, on the
+  // current stream (freed after the launches; reused only by work queued after them).
+  at::Tensor partials;
+  if (grid.z > 1) {
+    partials = at::empty({static_cast<int64_t>(grid.z), p.M, p.N},
+                         at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
+  }
+  float* ws = grid.z > 1 ? partials.data_ptr<float>() : nullptr;
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
   if (vec) {
     linear_kernel<Cfg, ACT, true><<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M,
-                                                                         p.N, p.K);
+                                                                         p.N, p.K, ws, tiles_per_split);
   } else {
     linear_kernel<Cfg, ACT, false><<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M,
-                                                                          p.N, p.K);
+                                                                          p.N, p.K, ws, tiles_per_split);
+  }
+  if (grid.z > 1) {
+    const int64_t blocks = std::min<int64_t>(course::ceil_div<int64_t>(p.M * p.N, 256), 65535);
+    linear_split_reduce_kernel<ACT><<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(
+        ws, static_cast<int>(grid.z), p.bias, p.residual, p.C, p.M, p.N);
   }
 }
 

@@ -2,8 +2,9 @@
 
 Run by `python -m utils.sanitize phase6_layernorm_mlp` under compute-sanitizer memcheck and
 racecheck: unaligned views, tails of every tile, each LayerNorm version (warp, block, streaming),
-every GEMM epilogue on both load paths; the backward kernels (each LayerNorm backward version with
-its column-sum reduction, GELU backward) and the autograd of linear and the MLP.
+every GEMM epilogue on both load paths, split-K and the few-rows kernel; the backward kernels (each
+LayerNorm backward version with its column-sum reduction, GELU backward) and the autograd of linear
+and the MLP.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def main() -> None:
             for x in (randn(1037, dtype=dtype), unaligned(67, dtype=dtype)):
                 assert_close(p6.gelu(x, approximate), reference.gelu(x, approximate), what="gelu")
     # Linear: vector path with M/N tails, scalar path with every tail, each epilogue, each tile.
-    for M, K, N, make in ((130, 64, 132, randn), (37, 29, 45, randn), (33, 64, 64, unaligned)):
+    # (200, 515, 131) and (70, 1024, 260) split K over the blocks of the tiled kernels.
+    for M, K, N, make in ((130, 64, 132, randn), (37, 29, 45, randn), (33, 64, 64, unaligned),
+                          (200, 515, 131, randn), (70, 1024, 260, randn)):
         x, w, b, res = make(M, K), randn(N, K, scale=K ** -0.5), randn(N), randn(M, N)
         for act in (None, "gelu_tanh", "gelu"):
             ref = x.double() @ w.double().t() + b.double()

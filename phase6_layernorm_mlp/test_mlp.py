@@ -159,6 +159,19 @@ def test_linear_few_rows_unaligned_and_epilogues():
             assert_close(out, _linear_ref(x, w, bias, activation, None), what=f"rows {activation} bias={bias is not None}")
 
 
+@requires_gpu
+@pytest.mark.parametrize("M,K,N", [(256, 2048, 512), (200, 515, 131), (129, 1024, 260), (512, 512, 2048)])
+@pytest.mark.parametrize("activation", (None, "gelu_tanh"))
+def test_linear_split_k(M, K, N, activation):
+    # Few 128 x 128 tiles and a long K: the tiled kernel splits K over blocks (linear.cu's
+    # split_k_for) and a second kernel sums the partials and applies the epilogue.
+    x = randn(M, K)
+    w, b = _weights(N, K)
+    residual = randn(M, N)
+    out = p6.linear(x, w, b, activation, residual, variant=p6.LINEAR_DEFAULT)
+    assert_close(out, _linear_ref(x, w, b, activation, residual), what=f"split-K linear {M}x{K}x{N} {activation}")
+
+
 def test_api_picks_the_few_rows_kernel_by_rows():
     assert p6._variant_for(None, torch.empty(2, p6.LINEAR_ROWS_UP_TO // 2, 8)) == p6.LINEAR_ROWS
     assert p6._variant_for(None, torch.empty(p6.LINEAR_ROWS_UP_TO + 1, 8)) == p6.LINEAR_DEFAULT
