@@ -48,7 +48,7 @@ LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
                 "few rows: a warp per output column, lanes over K, up to 16 rows per block")
 LINEAR_DEFAULT = 0
 LINEAR_ROWS = 6
-LINEAR_ROWS_UP_TO = 128
+LINEAR_ROWS_UP_TO = 16
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 # linear's activation -> the GELU form its backward differentiates.

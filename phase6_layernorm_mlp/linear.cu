@@ -100,7 +100,7 @@ __device__ __forceinline__ void store_tile(const float (&regs)[LOADS][4], float 
   // END SOLUTION
 }
 
-template <class Cfg, Activation ACT, bool kVec>
+template <class Cfg, Activation ACT, bool kVec, bool kSplitK>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const float* __restrict__ bias,
               const float* __restrict__ residual, float* __restrict__ C, int64_t M, int64_t N, int64_t K,
@@ -121,9 +121,11 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   float acc[Cfg::TM][Cfg::TN] = {};
   float a_regs[kLoads][4];
   float w_regs[kLoads][4];
-  // Split-K (gridDim.z > 1): this block multiplies k-tiles [t_first, t_first + tiles) only.
-  const int64_t t_first = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
-  const int64_t tiles = min(course::ceil_div<int64_t>(K, BK) - t_first, tiles_per_split);
+  // Split-K: this block multiplies k-tiles [t_first, t_first + tiles) only. (A template flag, so
+  // that the unsplit kernel carries none of it: under the 128-register cap it cost about 5%.)
+  const int64_t t_first = kSplitK ? static_cast<int64_t>(blockIdx.z) * tiles_per_split : 0;
+  const int64_t tiles = kSplitK ? min(course::ceil_div<int64_t>(K, BK) - t_first, tiles_per_split)
+                                : course::ceil_div<int64_t>(K, BK);
   const int64_t k_first = t_first * BK;
   const float* A_block = A + m0 * K;  // the block's first row of A and of W
   const float* W_block = W + n0 * K;
@@ -162,11 +164,11 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
 
   // Step 4: bias, activation, residual, store; with split-K, the raw partial sum into this
   // split's slice of `partials` (linear_split_reduce_kernel finishes the output).
-  if (gridDim.z == 1) {
-    store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);
-  } else {
+  if constexpr (kSplitK) {
     store_output<Cfg, Activation::kNone, kVec>(acc, nullptr, nullptr, partials + blockIdx.z * M * N, M, N, m0, n0,
                                                tx, ty);
+  } else {
+    store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);
   }
 }
 
@@ -219,13 +221,10 @@ void launch_config(const LinearArgs& p) {
   }
   float* ws = grid.z > 1 ? partials.data_ptr<float>() : nullptr;
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
-  if (vec) {
-    linear_kernel<Cfg, ACT, true><<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M,
-                                                                         p.N, p.K, ws, tiles_per_split);
-  } else {
-    linear_kernel<Cfg, ACT, false><<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M,
-                                                                          p.N, p.K, ws, tiles_per_split);
-  }
+  auto kernel = vec ? (grid.z > 1 ? linear_kernel<Cfg, ACT, true, true> : linear_kernel<Cfg, ACT, true, false>)
+                    : (grid.z > 1 ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
+  kernel<<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K, ws,
+                                               tiles_per_split);
   if (grid.z > 1) {
     const int64_t blocks = std::min<int64_t>(course::ceil_div<int64_t>(p.M * p.N, 256), 65535);
     linear_split_reduce_kernel<ACT><<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(
