@@ -24,6 +24,16 @@ def _weights(out_f, in_f):
     return randn(out_f, in_f, scale=in_f ** -0.5), randn(out_f, scale=0.1)
 
 
+def _check_linear(M, K, N, activation, variant=None):
+    """p6.linear with bias and residual on fresh inputs against the float64 reference."""
+    x = randn(M, K)
+    w, b = _weights(N, K)
+    residual = randn(M, N)
+    out = p6.linear(x, w, b, activation, residual, variant=variant)
+    assert_close(out, _linear_ref(x, w, b, activation, residual),
+                 what=f"linear {M}x{K}x{N} {activation} variant {variant}")
+
+
 # --- runs without a GPU ---------------------------------------------------------------------------
 
 def test_cpu_tensors_rejected():
@@ -103,11 +113,7 @@ SHAPES = [  # (M tokens, K in, N out): none a multiple of the 128 x 128 x 16 til
 @pytest.mark.parametrize("M,K,N", SHAPES)
 @pytest.mark.parametrize("activation", (None, "gelu_tanh", "gelu"))
 def test_linear(M, K, N, activation):
-    x = randn(M, K)
-    w, b = _weights(N, K)
-    residual = randn(M, N)
-    out = p6.linear(x, w, b, activation, residual)
-    assert_close(out, _linear_ref(x, w, b, activation, residual), what=f"linear {M}x{K}x{N} {activation}")
+    _check_linear(M, K, N, activation)
 
 
 @requires_gpu
@@ -115,11 +121,7 @@ def test_linear(M, K, N, activation):
 @pytest.mark.parametrize("M,K,N", [(37, 29, 45), (130, 64, 200), (257, 515, 131), (256, 512, 384)])
 def test_linear_tile_variants(variant, M, K, N):
     # Every other kernel and tile configuration on the scalar and vector paths, tails and tile multiples.
-    x = randn(M, K)
-    w, b = _weights(N, K)
-    residual = randn(M, N)
-    out = p6.linear(x, w, b, "gelu_tanh", residual, variant=variant)
-    assert_close(out, _linear_ref(x, w, b, "gelu_tanh", residual), what=f"linear variant {variant} {M}x{K}x{N}")
+    _check_linear(M, K, N, "gelu_tanh", variant)
 
 
 @requires_gpu
@@ -141,11 +143,7 @@ FEW_ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)  # every kRows of linear_rows.cu, part
 def test_linear_few_rows(M, K, N, variant):
     # The few-rows kernel (what the API picks up to LINEAR_ROWS_UP_TO rows) on both load paths,
     # and the tiled default on the same decode-step shapes.
-    x = randn(M, K)
-    w, b = _weights(N, K)
-    residual = randn(M, N)
-    out = p6.linear(x, w, b, "gelu_tanh", residual, variant=variant)
-    assert_close(out, _linear_ref(x, w, b, "gelu_tanh", residual), what=f"linear {M}x{K}x{N} variant {variant}")
+    _check_linear(M, K, N, "gelu_tanh", variant)
 
 
 @requires_gpu
@@ -165,11 +163,7 @@ def test_linear_few_rows_unaligned_and_epilogues():
 def test_linear_split_k(M, K, N, activation):
     # Few 128 x 128 tiles and a long K: the tiled kernel splits K over blocks (linear.cu's
     # split_k_for) and a second kernel sums the partials and applies the epilogue.
-    x = randn(M, K)
-    w, b = _weights(N, K)
-    residual = randn(M, N)
-    out = p6.linear(x, w, b, activation, residual, variant=p6.LINEAR_DEFAULT)
-    assert_close(out, _linear_ref(x, w, b, activation, residual), what=f"split-K linear {M}x{K}x{N} {activation}")
+    _check_linear(M, K, N, activation, p6.LINEAR_DEFAULT)
 
 
 def test_api_picks_the_few_rows_kernel_by_rows():
