@@ -132,7 +132,7 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   const int a_rows = static_cast<int>(min(M - m0, static_cast<int64_t>(BM)));
   const int w_rows = static_cast<int>(min(N - n0, static_cast<int64_t>(BN)));
 
-  // BEGIN SOLUTION: Port of the double buffering of phase 4's matmul_tiled.cu (before its loop, Steps 3 and 5), once phase 4's tests pass, with the two stages As[2], Ws[2]: tile 0 into stage 0, then per k-tile the next tile's loads in flight while multiply_tile works on this stage, stored into the other stage afterwards, one barrier per tile (README: Linear, version 1)
+  // BEGIN SOLUTION: Port of the double buffering of phase 4's matmul_tiled.cu (before its loop, Steps 3 and 5), once phase 4's tests pass, with the two stages As[2], Ws[2]: this block's `tiles` k-tiles starting at k = k_first (its split-K range; the whole of K without a split), the first into stage 0, then per k-tile the next tile's loads in flight while multiply_tile works on this stage, stored into the other stage afterwards, one barrier per tile (README: Linear, version 1)
   // Prologue: tile 0 into stage 0.
   if (tiles > 0) {
     load_tile<kVec, kThreads>(A_block, a_rows, K, k_first, a_regs);
