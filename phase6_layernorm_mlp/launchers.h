@@ -10,6 +10,14 @@
 
 namespace phase6 {
 
+// The current device's SM count: the launchers size their grids by it.
+inline int sm_count() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms > 1 ? sms : 1;
+}
+
 // y = LN(x (+ residual)) * gamma + beta over rows of `hidden` elements; with residual, the sum
 // x + residual is also written to `sum`. gamma and beta may be nullptr.
 void launch_layer_norm(DType dtype, const void* x, const void* residual, const void* gamma,

@@ -321,13 +321,6 @@ struct Plan {
   int64_t partial_rows;  // rows of partial sums: one per block
 };
 
-int sm_count() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return std::max(sms, 1);
-}
-
 template <typename T>
 Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsum, const void* ds, int64_t rows,
                int64_t hidden) {

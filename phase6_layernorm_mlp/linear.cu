@@ -38,7 +38,6 @@
 #include <cstdint>
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "common.cuh"
@@ -195,11 +194,9 @@ constexpr int64_t kMinTilesPerSplit = 8;
 constexpr int kMaxSplits = 32;
 
 template <class Cfg>
-int split_k_for(const LinearArgs& p, const dim3& grid) {
-  const int64_t slots = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
-                        Cfg::kMinBlocks;
+int split_k_for(const dim3& grid, int64_t tiles) {
+  const int64_t slots = static_cast<int64_t>(sm_count()) * Cfg::kMinBlocks;
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
-  const int64_t tiles = course::ceil_div<int64_t>(p.K, BK);
   int splits = 1;
   while (splits < kMaxSplits && blocks * splits * 2 <= slots && tiles >= 2 * splits * kMinTilesPerSplit) splits *= 2;
   return splits;
@@ -208,24 +205,24 @@ int split_k_for(const LinearArgs& p, const dim3& grid) {
 template <class Cfg, Activation ACT>
 void launch_config(const LinearArgs& p) {
   dim3 grid = linear_grid(p);
-  const int splits = split_k_for<Cfg>(p, grid);
   const int64_t tiles = course::ceil_div<int64_t>(p.K, BK);
+  const int splits = split_k_for<Cfg>(grid, tiles);
   const int64_t tiles_per_split = course::ceil_div<int64_t>(tiles, splits);
   if (splits > 1) grid.z = static_cast<unsigned>(course::ceil_div<int64_t>(tiles, tiles_per_split));  // none empty
+  const bool split = grid.z > 1;
   // The partial sums of split-K: grid.z slices of M x N floats from the caching allocator, on the
   // current stream (freed after the launches; reused only by work queued after them).
-  at::Tensor partials;
-  if (grid.z > 1) {
-    partials = at::empty({static_cast<int64_t>(grid.z), p.M, p.N},
-                         at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
-  }
-  float* ws = grid.z > 1 ? partials.data_ptr<float>() : nullptr;
+  const at::Tensor partials =
+      split ? at::empty({static_cast<int64_t>(grid.z), p.M, p.N},
+                        at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()))
+            : at::Tensor();
+  float* ws = split ? partials.data_ptr<float>() : nullptr;
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
-  auto kernel = vec ? (grid.z > 1 ? linear_kernel<Cfg, ACT, true, true> : linear_kernel<Cfg, ACT, true, false>)
-                    : (grid.z > 1 ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
+  auto kernel = vec ? (split ? linear_kernel<Cfg, ACT, true, true> : linear_kernel<Cfg, ACT, true, false>)
+                    : (split ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
   kernel<<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K, ws,
                                                tiles_per_split);
-  if (grid.z > 1) {
+  if (split) {
     const int64_t blocks = std::min<int64_t>(course::ceil_div<int64_t>(p.M * p.N, 256), 65535);
     linear_split_reduce_kernel<ACT><<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(
         ws, static_cast<int>(grid.z), p.bias, p.residual, p.C, p.M, p.N);

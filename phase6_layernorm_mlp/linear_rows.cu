@@ -31,8 +31,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <ATen/cuda/CUDAContext.h>
-
 #include "common.cuh"
 #include "gelu.cuh"
 #include "launchers.h"
@@ -138,7 +136,7 @@ void launch_rows(const LinearArgs& p) {
 // kSplit: doubled from 1 while the grid has fewer than kWarpsPerSmWanted warps per SM and each
 // warp would still get kMinKPerWarp k's or more.
 int split_for(const LinearArgs& p) {
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int sms = sm_count();
   const int64_t row_blocks = std::min(course::ceil_div<int64_t>(p.M, kMaxRows), static_cast<int64_t>(kMaxRowBlocks));
   int split = 1;
   while (split < kWarps && p.N * row_blocks * split < static_cast<int64_t>(sms) * kWarpsPerSmWanted &&
