@@ -5,15 +5,15 @@ Public API (inputs are validated here first; every error names the argument it r
     add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5) -> (y, x + residual)
     gelu(x, approximate="tanh" | "none") -> y
     linear(x, weight, bias=None, activation=None | "gelu_tanh" | "gelu", residual=None)
-        = activation(x @ weight.T + bias) + residual            (FP32 SGEMM, fused epilogue)
+        = activation(x @ weight.T + bias) + residual            (FP32 GEMM, fused epilogue)
     mlp(x, w1, b1, w2, b2, residual=None, approximate="tanh")
-        = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue SGEMMs)
+        = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue GEMMs)
 
 Backward (every op above is differentiable: torch.library.register_autograd on its op):
     layer_norm_backward(dy, s, weight=None, eps=1e-5, dsum=None, param_grads=True) -> (ds, dweight, dbias)
         s the LayerNorm's input (x, or add_layer_norm's sum); dsum is added to ds
     gelu_backward(dy, x, approximate="tanh") -> dy * gelu'(x)
-    linear's backward: dX on this phase's SGEMM (against a transposed copy of the weight), dW on
+    linear's backward: dX on this phase's GEMM (against a transposed copy of the weight), dW on
     cuBLAS (torch.matmul: it reads the transposed activations in place), db a column sum.
     mlp with autograd on: GEMM 1 without its GELU epilogue (its output, the pre-activation, is what
     the GELU backward needs), the GELU kernel, GEMM 2; with grad off, the fused path.
@@ -34,20 +34,25 @@ from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
-SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu", "linear_rows.cu"]
-# The SGEMM's kernels and tile configurations, in variant order (the headers of linear.cu,
-# linear_async.cu and linear_rows.cu); LINEAR_DEFAULT is the tiled variant that won in run.py's
-# timing on the H100, LINEAR_ROWS the few-rows kernel, which the API picks for M (the product of
-# x's leading dimensions) up to LINEAR_ROWS_UP_TO: the crossover of run.py's few-rows sweep.
+SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu", "linear_rows.cu", "linear_tf32x3.cu"]
+# The GEMM's kernels and tile configurations, in variant order (the headers of linear.cu,
+# linear_async.cu, linear_rows.cu and linear_tf32x3.cu). Variants 0-6 are SGEMMs on the FFMA pipe;
+# LINEAR_SGEMM is the one that won in run.py's timing on the H100. LINEAR_TF32X3 runs the products
+# on tensor cores in 3xTF32 (FP32 accuracy: run.py measures its error beside cuBLAS SGEMM's) and is
+# LINEAR_DEFAULT; LINEAR_ROWS is the few-rows kernel, which the API picks for M (the product of x's
+# leading dimensions) up to LINEAR_ROWS_UP_TO: the crossover of run.py's few-rows sweep.
 LINEAR_TILES = ("registers, 8x8 per thread, 256 threads, 2 blocks/SM",
                 "registers, 8x8 per thread, 256 threads, 1 block/SM",
                 "registers, 8x16 per thread, 128 threads, 2 blocks/SM",
                 "cp.async, 8x8 per thread, 256 threads, BK 16, 3 stages",
                 "cp.async, 8x8 per thread, 256 threads, BK 32, 3 stages",
                 "cp.async, 8x16 per thread, 128 threads, BK 16, 4 stages",
-                "few rows: a warp per output column, lanes over K, up to 16 rows per block")
-LINEAR_DEFAULT = 0
+                "few rows: a warp per output column, lanes over K, up to 16 rows per block",
+                "tensor cores, 3xTF32 mma.sync m16n8k8, 8 warps of 64x32, BK 32, 3 stages")
+LINEAR_SGEMM = 0
 LINEAR_ROWS = 6
+LINEAR_TF32X3 = 7
+LINEAR_DEFAULT = LINEAR_TF32X3
 LINEAR_ROWS_UP_TO = 16
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = {None: "none", "none": "none", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -288,7 +293,7 @@ def _variant_for(variant: int | None, x: torch.Tensor) -> int:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None, variant: int | None = None) -> torch.Tensor:
     """activation(x @ weight.T + bias) + residual, FP32; weight [out_features, in_features].
-    variant picks the SGEMM's kernel and tile configuration (LINEAR_TILES; None: by x's rows,
+    variant picks the GEMM's kernel and tile configuration (LINEAR_TILES; None: by x's rows,
     LINEAR_ROWS up to LINEAR_ROWS_UP_TO of them, else LINEAR_DEFAULT)."""
     _check_variant(variant)
     check_cuda_tensor(x, "x", (torch.float32,))

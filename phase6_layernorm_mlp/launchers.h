@@ -49,16 +49,18 @@ void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, co
 // C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
 // variant in [0, kLinearVariants) picks the kernel and its tile configuration: the first
 // kStagedVariants are linear.cu's (loads staged through registers), the next kAsyncVariants
-// linear_async.cu's (cp.async pipeline), the last linear_rows.cu's (few rows: a warp per output
-// column). The Python API picks by M (LINEAR_DEFAULT, or LINEAR_ROWS for few rows).
+// linear_async.cu's (cp.async pipeline), then linear_rows.cu's (few rows: a warp per output
+// column) and linear_tf32x3.cu's (tensor cores, 3xTF32). The Python API picks by M (LINEAR_DEFAULT,
+// or LINEAR_ROWS for few rows).
 constexpr int kStagedVariants = 3;
 constexpr int kAsyncVariants = 3;
 constexpr int kRowsVariant = kStagedVariants + kAsyncVariants;
-constexpr int kLinearVariants = kRowsVariant + 1;
+constexpr int kTf32x3Variant = kRowsVariant + 1;
+constexpr int kLinearVariants = kTf32x3Variant + 1;
 void launch_linear(const float* A, const float* W, const float* bias, const float* residual, float* C,
                    int64_t M, int64_t N, int64_t K, Activation act, int variant, cudaStream_t stream);
 
-// One linear call's operands, as the two SGEMM kernels' launchers take them.
+// One linear call's operands, as the GEMM kernels' launchers take them.
 struct LinearArgs {
   const float* A;
   const float* W;
@@ -72,5 +74,6 @@ struct LinearArgs {
 void launch_linear_staged(const LinearArgs& p, int config);  // config in [0, kStagedVariants)
 void launch_linear_async(const LinearArgs& p, int config);   // config in [0, kAsyncVariants)
 void launch_linear_rows(const LinearArgs& p);
+void launch_linear_tf32x3(const LinearArgs& p);
 
 }  // namespace phase6

@@ -27,21 +27,16 @@
 //   1: TM x TN = 8 x 8,  256 threads, 1 block per SM (no cap: the compiler takes ~150 registers)
 //   2: TM x TN = 8 x 16, 128 threads, 2 blocks per SM (cuBLAS's shape here: 8 warps per SM, 128
 //      accumulators per thread, 6 float4 shared-memory reads per 128 FFMA instead of 4 per 64)
-// Split-K (any variant of this file): with a grid of less than one wave of blocks (a few hundred
-// rows: M / 128 x N / 128 blocks), each block would walk all of K while most SMs idle. split_k_for
-// then cuts the k-tiles into gridDim.z ranges; each block writes its raw partial tile to a
-// workspace and linear_split_reduce_kernel sums the ranges and applies the epilogue.
+// Split-K (any variant of this file; linear_split_k.cuh): with a grid of less than one wave of
+// blocks, the k-tiles are cut into gridDim.z ranges whose partial sums a second kernel adds up.
 // What the compiler made of it (SASS, variant 0): it sinks the "prefetch" loads below the
 // multiply, next to the stores that need them, so their latency is not hidden; and each tile
 // recomputes 64-bit load and store addresses. linear_async.cu removes both.
-#include <algorithm>
 #include <cstdint>
-
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
 
 #include "common.cuh"
 #include "launchers.h"
+#include "linear_split_k.cuh"
 #include "linear_tile.cuh"
 #include "vec_io.cuh"
 
@@ -171,62 +166,16 @@ linear_kernel(const float* __restrict__ A, const float* __restrict__ W, const fl
   }
 }
 
-// Split-K's second step: C = act(sum of the splits' partials + bias) + residual, elementwise.
-template <Activation ACT>
-__global__ void linear_split_reduce_kernel(const float* __restrict__ partials, int splits,
-                                           const float* __restrict__ bias, const float* __restrict__ residual,
-                                           float* __restrict__ C, int64_t M, int64_t N) {
-  const int64_t size = M * N;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < size;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = bias != nullptr ? bias[i % N] : 0.0f;
-    for (int s = 0; s < splits; ++s) v += partials[s * size + i];
-    v = activate<ACT>(v);
-    if (residual != nullptr) v += residual[i];
-    C[i] = v;
-  }
-}
-
-// Split-K count: a grid of fewer blocks than one wave (Cfg::kMinBlocks per SM) leaves SMs idle
-// while each block walks all of K (M of a few hundred rows). Double the splits while the grid
-// still fits one wave and each split keeps kMinTilesPerSplit k-tiles.
-constexpr int64_t kMinTilesPerSplit = 8;
-constexpr int kMaxSplits = 32;
-
-template <class Cfg>
-int split_k_for(const dim3& grid, int64_t tiles) {
-  const int64_t slots = static_cast<int64_t>(sm_count()) * Cfg::kMinBlocks;
-  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
-  int splits = 1;
-  while (splits < kMaxSplits && blocks * splits * 2 <= slots && tiles >= 2 * splits * kMinTilesPerSplit) splits *= 2;
-  return splits;
-}
-
 template <class Cfg, Activation ACT>
 void launch_config(const LinearArgs& p) {
   dim3 grid = linear_grid(p);
-  const int64_t tiles = course::ceil_div<int64_t>(p.K, BK);
-  const int splits = split_k_for<Cfg>(grid, tiles);
-  const int64_t tiles_per_split = course::ceil_div<int64_t>(tiles, splits);
-  if (splits > 1) grid.z = static_cast<unsigned>(course::ceil_div<int64_t>(tiles, tiles_per_split));  // none empty
-  const bool split = grid.z > 1;
-  // The partial sums of split-K: grid.z slices of M x N floats from the caching allocator, on the
-  // current stream (freed after the launches; reused only by work queued after them).
-  const at::Tensor partials =
-      split ? at::empty({static_cast<int64_t>(grid.z), p.M, p.N},
-                        at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()))
-            : at::Tensor();
-  float* ws = split ? partials.data_ptr<float>() : nullptr;
+  const SplitK split = plan_split_k(grid, course::ceil_div<int64_t>(p.K, BK), Cfg::kMinBlocks, p);
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
-  auto kernel = vec ? (split ? linear_kernel<Cfg, ACT, true, true> : linear_kernel<Cfg, ACT, true, false>)
-                    : (split ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
-  kernel<<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K, ws,
-                                               tiles_per_split);
-  if (split) {
-    const int64_t blocks = std::min<int64_t>(course::ceil_div<int64_t>(p.M * p.N, 256), 65535);
-    linear_split_reduce_kernel<ACT><<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(
-        ws, static_cast<int>(grid.z), p.bias, p.residual, p.C, p.M, p.N);
-  }
+  auto kernel = vec ? (split.split() ? linear_kernel<Cfg, ACT, true, true> : linear_kernel<Cfg, ACT, true, false>)
+                    : (split.split() ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
+  kernel<<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K, split.workspace(),
+                                               split.tiles_per_split);
+  if (split.split()) reduce_split_k<ACT>(split, grid.z, p);
 }
 
 template <Activation ACT>
@@ -249,7 +198,8 @@ void launch_linear(const float* A, const float* W, const float* bias, const floa
   const LinearArgs p{A, W, bias, residual, C, M, N, K, act, stream};
   if (variant < kStagedVariants) launch_linear_staged(p, variant);
   else if (variant < kRowsVariant) launch_linear_async(p, variant - kStagedVariants);
-  else launch_linear_rows(p);
+  else if (variant == kRowsVariant) launch_linear_rows(p);
+  else launch_linear_tf32x3(p);
 }
 
 }  // namespace phase6

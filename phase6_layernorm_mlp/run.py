@@ -5,9 +5,10 @@
   FP32 ones also after the zeroing flush the other phases use (ms_write_flush, frac_copy_write_flush).
 - GELU (tanh) at 8192 x 2048 FP32 beside F.gelu.
 - The MLP at 8192 tokens, 512 -> 2048 -> 512, FP32, beside torch eager (torch_mlp, TF32 off) and
-  torch.compile (torch_mlp_compiled); each GEMM beside cuBLAS SGEMM; then every SGEMM variant
-  (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant); the two GEMMs at 1 to 512
-  rows (a decode step's shapes), the few-rows kernel and the tiled one beside cuBLAS.
+  torch.compile (torch_mlp_compiled); each GEMM beside cuBLAS SGEMM, with its error against float64;
+  then every GEMM variant (p6.LINEAR_TILES: ops linear1_variant, linear2_variant, mlp_variant); the
+  two GEMMs at 1 to 512 rows (a decode step's shapes), the few-rows kernel and the tiled ones beside
+  cuBLAS.
 - The backward: LayerNorm backward (dx, dgamma, dbeta; FP32, BF16) at rows 16384 / 65536 x hidden
   512 / 1024 / 4096 beside torch's (aten native_layer_norm_backward with the mean and rstd its
   forward saved), GB/s from layer_norm_backward_bytes; GELU backward (tanh) beside aten's; the MLP's
@@ -44,7 +45,7 @@ LN_DTYPES = (torch.float32, torch.bfloat16)
 HEADLINE_LN = {"rows": 65536, "hidden": 1024}
 MLP_SHAPE = {"tokens": 8192, "hidden": 512, "inner": 2048}
 REF_ROWS = 2048  # rows checked against the float64 reference (rows are independent)
-NCU_REGEX = "layer_norm|linear_kernel|linear_async_kernel|gemm"
+NCU_REGEX = "layer_norm|linear_kernel|linear_async_kernel|linear_tf32x3_kernel|gemm"
 # The L2 flush before each timed LayerNorm. The zeroing flush ("write", utils.bench's default) leaves
 # about 50 MB of dirty lines that the timed kernel writes back to DRAM: up to 20 µs charged to a
 # kernel of 20-200 µs that did not cause them. "read" evicts the same way and leaves clean lines.
@@ -168,7 +169,7 @@ def bench_gelu_backward() -> list[dict]:
 
 def bench_mlp_backward(quick: bool) -> list[dict]:
     """The MLP's forward + backward through autograd (every input and weight requires grad), ours
-    beside torch eager's: dX on phase 6's SGEMM, dW on cuBLAS (README: Backward)."""
+    beside torch eager's: dX on phase 6's GEMM, dW on cuBLAS (README: Backward)."""
     shape = {**MLP_SHAPE, "tokens": MLP_SHAPE["tokens"] // (4 if quick else 1)}
     inputs = [t.requires_grad_() for t in mlp_inputs(**shape)]
     dout = randn(shape["tokens"], shape["hidden"])
@@ -224,28 +225,34 @@ def bench_mlp(quick: bool, notes: list[str]) -> list[dict]:
     with no_tf32():
         rows = [measured({"impl": impl, "op": "mlp", **shape, "dtype": "float32"}, fn, flops, nbytes, ref)
                 for impl, fn in impls.items()]
-        # Each GEMM on its own: ours with its fused epilogue, cuBLAS SGEMM without one.
+        # Each GEMM on its own: ours with its fused epilogue, cuBLAS SGEMM without one; each checked
+        # on its first REF_ROWS rows against the float64 product (with, and without, the epilogue).
         h = p6.linear(x, w1, b1, "gelu_tanh")
+        product1, product2 = x[:REF_ROWS].double() @ w1.double().t(), h[:REF_ROWS].double() @ w2.double().t()
         gemms = {"linear1": ((x.shape[0], w1.shape[0], x.shape[1]), "bias+gelu",
-                             lambda v=None: p6.linear(x, w1, b1, "gelu_tanh", variant=v), lambda: x @ w1.t()),
+                             lambda v=None: p6.linear(x, w1, b1, "gelu_tanh", variant=v), lambda: x @ w1.t(),
+                             reference.gelu(product1 + b1.double(), "tanh"), product1),
                  "linear2": ((h.shape[0], w2.shape[0], h.shape[1]), "bias+residual",
-                             lambda v=None: p6.linear(h, w2, b2, residual=res, variant=v), lambda: h @ w2.t())}
+                             lambda v=None: p6.linear(h, w2, b2, residual=res, variant=v), lambda: h @ w2.t(),
+                             product2 + b2.double() + res[:REF_ROWS].double(), product2)}
         cublas = {}
-        for op, ((M, N, K), epilogue, ours, peer) in gemms.items():
+        for op, ((M, N, K), epilogue, ours, peer, ref_ours, ref_peer) in gemms.items():
             fields = {"op": op, "M": M, "N": N, "K": K, "dtype": "float32"}
             gemm_flops, gemm_bytes = roofline.matmul_flops(M, N, K), roofline.matmul_bytes(M, N, K)
-            cublas[op] = measured({"impl": "cublas", **fields, "epilogue": "none"}, peer, gemm_flops, gemm_bytes)
-            rows += [measured({"impl": "phase6_linear", **fields, "epilogue": epilogue}, ours, gemm_flops, gemm_bytes),
+            cublas[op] = measured({"impl": "cublas", **fields, "epilogue": "none"}, peer, gemm_flops, gemm_bytes,
+                                  ref_peer)
+            rows += [measured({"impl": "phase6_linear", **fields, "epilogue": epilogue, "variant": p6.LINEAR_DEFAULT},
+                              ours, gemm_flops, gemm_bytes, ref_ours),
                      cublas[op]]
         eager_ms = next(r["ms"] for r in rows if r["impl"] == "torch_mlp")
         for variant, tile in enumerate(p6.LINEAR_TILES):
-            for op, ((M, N, K), _, ours, _) in gemms.items():
+            for op, ((M, N, K), _, ours, _, ref_ours, _) in gemms.items():
                 row = measured({"impl": "phase6_linear", "op": f"{op}_variant", "variant": variant, "tile": tile,
                                 "M": M, "N": N, "K": K, "dtype": "float32"},
-                               lambda: ours(variant), roofline.matmul_flops(M, N, K))
+                               lambda: ours(variant), roofline.matmul_flops(M, N, K), ref=ref_ours)
                 rows.append({**row, "frac_cublas": row["tflops"] / cublas[op]["tflops"]})
             row = measured({"impl": "phase6_mlp", "op": "mlp_variant", "variant": variant, "tile": tile, **shape,
-                            "dtype": "float32"}, lambda: p6.mlp(*inputs, variant=variant), flops)
+                            "dtype": "float32"}, lambda: p6.mlp(*inputs, variant=variant), flops, ref=ref)
             rows.append({**row, "speedup_vs_torch_eager": eager_ms / row["ms"]})
     for r in rows:
         print(f"    {r['impl']:<20} {r['op']:<16} {r.get('variant', ''):>2} {r['ms']:.3f} ms", flush=True)
@@ -253,10 +260,11 @@ def bench_mlp(quick: bool, notes: list[str]) -> list[dict]:
 
 
 # The MLP's two GEMMs with few rows (a decode step's tokens): where the few-rows kernel overtakes
-# the tiled SGEMM (p6.LINEAR_ROWS_UP_TO comes from this sweep), beside cuBLAS through F.linear
+# the tiled GEMMs (p6.LINEAR_ROWS_UP_TO comes from this sweep), beside cuBLAS through F.linear
 # (bias included, as the model's other linears call it). Timed after the read-only flush: the
 # weight comes from DRAM, and no dirty lines are charged to a kernel of a few microseconds.
 FEW_ROWS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+FEW_ROWS_IMPLS = {"phase6_rows": p6.LINEAR_ROWS, "phase6_tiled": p6.LINEAR_SGEMM, "phase6_tf32x3": p6.LINEAR_TF32X3}
 
 
 def bench_few_rows(quick: bool) -> list[dict]:
@@ -276,7 +284,7 @@ def bench_few_rows(quick: bool) -> list[dict]:
                 fields = {"op": f"few_rows_{op}", "M": m, "N": n, "K": k, "dtype": "float32"}
                 args = (roofline.matmul_flops(m, n, k), roofline.matmul_bytes(m, n, k))
                 rows.append(measured({"impl": "cublas_linear", **fields}, peer, *args, flush=LN_FLUSH))
-                for impl, variant in (("phase6_rows", p6.LINEAR_ROWS), ("phase6_tiled", p6.LINEAR_DEFAULT)):
+                for impl, variant in FEW_ROWS_IMPLS.items():
                     rows.append(measured({"impl": impl, **fields, "variant": variant}, lambda: ours(variant), *args,
                                          flush=LN_FLUSH))
     for r in rows:
@@ -303,7 +311,7 @@ def profile_target() -> None:
 
 def ncu_labels(kernel: str, linear_seen: int) -> dict:
     """Which impl and op a profiled kernel belongs to (profile_target's launch order)."""
-    if "linear_kernel" in kernel or "linear_async_kernel" in kernel:
+    if any(name in kernel for name in ("linear_kernel", "linear_async_kernel", "linear_tf32x3_kernel")):
         return {"impl": "phase6_linear", "op": "linear1" if linear_seen == 0 else "linear2"}
     if "layer_norm_cached" in kernel or "layer_norm_streaming" in kernel:
         return {"impl": "phase6_layer_norm", "op": "layer_norm"}

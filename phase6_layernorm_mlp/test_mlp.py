@@ -1,4 +1,4 @@
-"""GELU, the fused-epilogue linear layer (SGEMM) and the MLP against the float64 reference."""
+"""GELU, the fused-epilogue linear layer (its GEMMs) and the MLP against the float64 reference."""
 
 import pytest
 import torch
@@ -95,7 +95,7 @@ def test_gelu_bad_approximate():
         p6.gelu(randn(8), "erf")
 
 
-# --- linear (SGEMM with fused epilogue) ------------------------------------------------------------
+# --- linear (GEMM with fused epilogue) -------------------------------------------------------------
 
 OTHER_VARIANTS = [v for v in range(len(p6.LINEAR_TILES)) if v != p6.LINEAR_DEFAULT]
 SHAPES = [  # (M tokens, K in, N out): none a multiple of the 128 x 128 x 16 tile unless noted
@@ -139,10 +139,10 @@ FEW_ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)  # every kRows of linear_rows.cu, part
 @requires_gpu
 @pytest.mark.parametrize("M", FEW_ROWS)
 @pytest.mark.parametrize("K,N", [(512, 2048), (2048, 512), (515, 131), (4, 3)])
-@pytest.mark.parametrize("variant", (None, p6.LINEAR_ROWS, p6.LINEAR_DEFAULT))
+@pytest.mark.parametrize("variant", (None, p6.LINEAR_ROWS, p6.LINEAR_SGEMM, p6.LINEAR_TF32X3))
 def test_linear_few_rows(M, K, N, variant):
     # The few-rows kernel (what the API picks up to LINEAR_ROWS_UP_TO rows) on both load paths,
-    # and the tiled default on the same decode-step shapes.
+    # and the tiled kernels on the same decode-step shapes.
     _check_linear(M, K, N, "gelu_tanh", variant)
 
 
@@ -160,10 +160,24 @@ def test_linear_few_rows_unaligned_and_epilogues():
 @requires_gpu
 @pytest.mark.parametrize("M,K,N", [(256, 2048, 512), (200, 515, 131), (129, 1024, 260), (512, 512, 2048)])
 @pytest.mark.parametrize("activation", (None, "gelu_tanh"))
-def test_linear_split_k(M, K, N, activation):
-    # Few 128 x 128 tiles and a long K: the tiled kernel splits K over blocks (linear.cu's
-    # split_k_for) and a second kernel sums the partials and applies the epilogue.
-    _check_linear(M, K, N, activation, p6.LINEAR_DEFAULT)
+@pytest.mark.parametrize("variant", (p6.LINEAR_SGEMM, p6.LINEAR_TF32X3))
+def test_linear_split_k(M, K, N, activation, variant):
+    # Few 128 x 128 tiles and a long K: the tiled kernels split K over blocks (linear_split_k.cuh)
+    # and a second kernel sums the partials and applies the epilogue.
+    _check_linear(M, K, N, activation, variant)
+
+
+@requires_gpu
+@pytest.mark.parametrize("K", (4096, 16384))
+def test_linear_tf32x3_long_positive_sums(K):
+    # Positive operands: every addition of a K-long dot product rounds the same way if the
+    # tensor core's truncating adds pile up in one accumulator. The kernel sums each k-slice in
+    # fresh accumulators and adds it to the running sum rounded to nearest; the FP32 tolerance holds.
+    # 9 x 8 tiles: more than half a wave on a GPU of fewer than 144 SMs, so no split-K shortens the sums.
+    x = torch.rand(9 * 128, K, device="cuda")
+    w = torch.rand(8 * 128, K, device="cuda") / K
+    out = p6.linear(x, w, variant=p6.LINEAR_TF32X3)
+    assert_close(out, _linear_ref(x, w, None, None, None), what=f"tf32x3 positive sums K={K}")
 
 
 def test_api_picks_the_few_rows_kernel_by_rows():

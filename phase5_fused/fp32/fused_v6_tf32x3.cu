@@ -161,13 +161,13 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_tf32x3_kernel
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
         const float a[4] = {q[c][2 * step], q[c][4 + 2 * step], q[c][2 * step + 1], q[c][4 + 2 * step + 1]};
-        split_fragment(a, a_big[step], a_small[step]);
+        course::split_fragment(a, a_big[step], a_small[step]);
       }
 #pragma unroll
       for (int n = 0; n < kSn; ++n) {
         const float4 kv = *reinterpret_cast<const float4*>(Ks + (8 * n + g) * LDK + 16 * c + 4 * t);
-        mma_1688_3xtf32(s[n], a_big[0], a_small[0], split_tf32(kv.x), split_tf32(kv.y));
-        mma_1688_3xtf32(s[n], a_big[1], a_small[1], split_tf32(kv.z), split_tf32(kv.w));
+        course::mma_1688_3xtf32(s[n], a_big[0], a_small[0], course::split_tf32(kv.x), course::split_tf32(kv.y));
+        course::mma_1688_3xtf32(s[n], a_big[1], a_small[1], course::split_tf32(kv.z), course::split_tf32(kv.w));
       }
     }
 
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_tf32x3_kernel
 #pragma unroll
     for (int n = 0; n < kSn; ++n) {
       const float a[4] = {s[n][0], s[n][2], s[n][1], s[n][3]};
-      split_fragment(a, p_big[n], p_small[n]);
+      course::split_fragment(a, p_big[n], p_small[n]);
     }
 #pragma unroll
     for (int grp = 0; grp < kOn / W; ++grp) {
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) fused_tf32x3_kernel
         load_vec<W>(b1, v_rows + LDV);
 #pragma unroll
         for (int i = 0; i < W; ++i)
-          mma_1688_3xtf32(pv[i], pv_cross[i], p_big[n], p_small[n], split_tf32(b0[i]), split_tf32(b1[i]));
+          course::mma_1688_3xtf32(pv[i], pv_cross[i], p_big[n], p_small[n], course::split_tf32(b0[i]), course::split_tf32(b1[i]));
       }
 #pragma unroll
       for (int i = 0; i < W; ++i)

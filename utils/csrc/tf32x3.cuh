@@ -1,5 +1,6 @@
-// FP32 products on tensor cores: the 3xTF32 split (sm_80+), what version 6 of the FP32 fused kernel
-// (fused_v6_tf32x3.cu) builds its two matmuls from.
+// FP32 products on tensor cores: the 3xTF32 split (sm_80+), what version 6 of phase 5's FP32 fused
+// kernel (fused_v6_tf32x3.cu) builds its two matmuls from, and phase 6's 3xTF32 GEMM
+// (linear_tf32x3.cu) its one.
 //
 // A TF32 tensor-core MMA reads 19 bits of each FP32 operand (sign, 8 exponent bits, 10 mantissa
 // bits): one product alone keeps about 11 significant bits, far from FP32's 24. Splitting each
@@ -13,14 +14,14 @@
 
 #include <cstdint>
 
-namespace phase5 {
+namespace course {
 
 // x = big + small as two 32-bit patterns that the MMA reads as TF32 (its top 19 bits; the low 13 are
 // ignored). big is x rounded to TF32: half a TF32 ulp added to the bits, the low 13 cleared (ties
 // away from zero; a carry into the exponent is the right rounding). small is the exact rest
 // x - big (|small| <= 2^-11 |x|), which the MMA truncates: an error below 2^-21 |x|. Three
-// instructions (IADD, LOP3, FADD), where cvt.rna.tf32.f32 alone compiles to four on sm_90. The
-// kernel issues one split per operand element it loads, so their count sets its speed: rounding
+// instructions (IADD, LOP3, FADD), where cvt.rna.tf32.f32 alone compiles to four on sm_90. Phase 5's
+// attention kernel issues one split per operand element it loads, so their count sets its speed: rounding
 // small as well (a fourth instruction) changed the output error by nothing measurable and cost 7%
 // at D=128 (measured). An inf or NaN input makes small NaN, and the output NaN, as in FP32.
 struct Tf32Split {
@@ -87,4 +88,4 @@ __device__ __forceinline__ void split_fragment(const float (&a)[4], uint32_t (&b
   }
 }
 
-}  // namespace phase5
+}  // namespace course
