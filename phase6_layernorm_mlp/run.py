@@ -13,7 +13,8 @@
   512 / 1024 / 4096 beside torch's (aten native_layer_norm_backward with the mean and rstd its
   forward saved), GB/s from layer_norm_backward_bytes; GELU backward (tanh) beside aten's; the MLP's
   forward + backward (autograd) beside torch eager's.
-- ncu on one call of each kernel at the headline shapes (a `--profile-target all` run of this file).
+- ncu on one call of each kernel at the headline shapes (a `--profile-target all` run of this file):
+  the MLP on the default GEMM and on the FFMA SGEMM (LINEAR_SGEMM), and cuBLAS's linear1.
 Writes results/metrics.json, then renders the README tables and the plots that manifest.json
 declares (utils.render); without a GPU it only renders, from the committed results. --quick: fewer
 shapes, no torch.compile, no ncu, written to results/quick/ (not rendered); --no-ncu: skip ncu.
@@ -304,15 +305,20 @@ def profile_target() -> None:
     F.layer_norm(x, (hidden,), w, b)
     mx, w1, b1, w2, b2, res = mlp_inputs(**MLP_SHAPE)
     p6.mlp(mx, w1, b1, w2, b2, res)
+    p6.mlp(mx, w1, b1, w2, b2, res, variant=p6.LINEAR_SGEMM)
     with no_tf32():
         torch.matmul(mx, w1.t())
     torch.cuda.synchronize()
 
 
-def ncu_labels(kernel: str, linear_seen: int) -> dict:
-    """Which impl and op a profiled kernel belongs to (profile_target's launch order)."""
-    if any(name in kernel for name in ("linear_kernel", "linear_async_kernel", "linear_tf32x3_kernel")):
-        return {"impl": "phase6_linear", "op": "linear1" if linear_seen == 0 else "linear2"}
+def ncu_labels(kernel: str, seen: list[dict]) -> dict:
+    """Which impl and op a profiled kernel belongs to (profile_target's launch order; `seen`, the
+    kernels labelled before it): the default GEMM (phase6_linear) and the FFMA SGEMM (phase6_sgemm)
+    each launch linear1, then linear2."""
+    for impl, names in (("phase6_linear", ("linear_tf32x3_kernel",)),
+                        ("phase6_sgemm", ("linear_kernel", "linear_async_kernel"))):
+        if any(name in kernel for name in names):
+            return {"impl": impl, "op": "linear1" if sum(x["impl"] == impl for x in seen) == 0 else "linear2"}
     if "layer_norm_cached" in kernel or "layer_norm_streaming" in kernel:
         return {"impl": "phase6_layer_norm", "op": "layer_norm"}
     if "layer_norm" in kernel.lower():
@@ -330,7 +336,7 @@ def run_ncu(notes: list[str]) -> list[dict]:
         return []
     labelled: list[dict] = []
     for r in records:
-        labelled.append({**ncu_labels(r["kernel"], sum(x["impl"] == "phase6_linear" for x in labelled)), **r})
+        labelled.append({**ncu_labels(r["kernel"], labelled), **r})
     print(summarize(labelled), flush=True)
     return labelled
 
