@@ -24,8 +24,8 @@
 //      W are 16-byte aligned, else 4-byte copies (any K, any alignment), zero-filled past M, N, K.
 //   5. The tensor core does not round its FP32 additions to nearest: over a K of thousands, the
 //      accumulator drifts (phase 5's version 6 measured it on O). Each k-slice is summed in fresh
-//      accumulators (12 MMAs per element), added to the running sum C_acc by one FADD, rounded to
-//      nearest. It costs 64 registers and a few percent of issue slots.
+//      accumulators (12 MMAs into each), added to the running sum C_acc by one FADD, rounded to
+//      nearest. It costs 64 registers and one FADD per accumulator per slice (64 per 192 MMAs).
 //   6. The epilogue (bias, activation, residual) from the accumulators: element (g, 2t..2t+1) and
 //      (g + 8, 2t..2t+1) of each m16n8 tile, a float2 per pair when the vector epilogue applies.
 // Split-K (linear_split_k.cuh) as in linear.cu, for grids of less than one wave.
