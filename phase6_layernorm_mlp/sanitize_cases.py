@@ -2,9 +2,9 @@
 
 Run by `python -m utils.sanitize phase6_layernorm_mlp` under compute-sanitizer memcheck and
 racecheck: unaligned views, tails of every tile, each LayerNorm version (warp, block, streaming),
-every GEMM epilogue on both load paths, split-K and the few-rows kernel; the backward kernels (each
-LayerNorm backward version with its column-sum reduction, GELU backward) and the autograd of linear
-and the MLP.
+every GEMM epilogue on both load paths, split-K, the few-rows kernel and the 3xTF32 tensor-core
+one; the backward kernels (each LayerNorm backward version with its column-sum reduction, GELU
+backward) and the autograd of linear and the MLP.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def backward_cases() -> None:
                           (unaligned(67, dtype=dtype), unaligned(67, dtype=dtype))):
                 (ref,) = _grad64(lambda a: reference.gelu(a, approximate), x, dy=dy)
                 assert_close(p6.gelu_backward(dy, x, approximate), ref, what="gelu_backward")
-    # linear and MLP backward (phase 6 SGEMM for dX, the GELU backward, cuBLAS for dW).
+    # linear and MLP backward (phase 6's default GEMM for dX, the GELU backward, cuBLAS for dW).
     x, res = randn(77, 61).requires_grad_(), randn(77, 61).requires_grad_()
     w1, b1 = randn(250, 61, scale=61 ** -0.5).requires_grad_(), randn(250).requires_grad_()
     w2, b2 = randn(61, 250, scale=250 ** -0.5).requires_grad_(), randn(61).requires_grad_()
@@ -96,7 +96,7 @@ def backward_cases() -> None:
     refs = _grad64(reference.mlp, x, w1, b1, w2, b2, res, dy=dout)
     for name, t, ref in zip(("x", "w1", "b1", "w2", "b2", "residual"), (x, w1, b1, w2, b2, res), refs):
         assert_close(t.grad, ref, what=f"mlp backward d{name}")
-    xs = unaligned(33, 64).detach().requires_grad_()  # the scalar load path of the SGEMM for dX
+    xs = unaligned(33, 64).detach().requires_grad_()  # the scalar load path of the GEMM for dX
     w = randn(45, 64, scale=0.125).requires_grad_()
     dout = randn(33, 45)
     p6.linear(xs, w, None, "gelu").backward(dout)
