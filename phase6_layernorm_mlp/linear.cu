@@ -175,7 +175,7 @@ void launch_config(const LinearArgs& p) {
                     : (split.split() ? linear_kernel<Cfg, ACT, false, true> : linear_kernel<Cfg, ACT, false, false>);
   kernel<<<grid, Cfg::kThreads, 0, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K, split.workspace(),
                                                split.tiles_per_split);
-  if (split.split()) reduce_split_k<ACT>(split, grid.z, p);
+  if (split.split()) reduce_split_k<ACT>(split, p);
 }
 
 template <Activation ACT>

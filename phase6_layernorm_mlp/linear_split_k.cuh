@@ -51,9 +51,9 @@ struct SplitK {
   float* workspace() const { return split() ? partials.data_ptr<float>() : nullptr; }
 };
 
-// Sets grid.z to the number of splits (left alone when unsplit) for `tiles` k-tiles and allocates the workspace: grid.z
-// slices of M x N floats from the caching allocator, on the current stream (freed after the
-// launches; reused only by work queued after them).
+// Sets grid.z to the number of splits for `tiles` k-tiles (left alone when unsplit) and allocates
+// the workspace: grid.z slices of M x N floats from the caching allocator, on the current stream
+// (freed after the launches; reused only by work queued after them).
 inline SplitK plan_split_k(dim3& grid, int64_t tiles, int blocks_per_sm, const LinearArgs& p) {
   const int64_t slots = static_cast<int64_t>(sm_count()) * blocks_per_sm;
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
@@ -67,12 +67,12 @@ inline SplitK plan_split_k(dim3& grid, int64_t tiles, int blocks_per_sm, const L
                     at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()))};
 }
 
-// After the split kernel: C from the grid.z partial sums, with the epilogue.
+// After the split kernel: C from the partial sums of every split, with the epilogue.
 template <Activation ACT>
-void reduce_split_k(const SplitK& s, unsigned splits, const LinearArgs& p) {
+void reduce_split_k(const SplitK& s, const LinearArgs& p) {
   const int64_t blocks = std::min<int64_t>(course::ceil_div<int64_t>(p.M * p.N, 256), 65535);
   linear_split_reduce_kernel<ACT><<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(
-      s.workspace(), static_cast<int>(splits), p.bias, p.residual, p.C, p.M, p.N);
+      s.workspace(), static_cast<int>(s.partials.size(0)), p.bias, p.residual, p.C, p.M, p.N);
 }
 
 }  // namespace phase6

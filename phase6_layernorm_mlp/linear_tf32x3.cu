@@ -20,7 +20,8 @@
 //   3. ldmatrix.x4 reads a whole A fragment (16 x 8) or the B fragments of two n8 tiles in one
 //      instruction: its 8x8 b16 matrices are 8 rows of 4 floats, and lane l receives word l % 4 of
 //      row l / 4, exactly where the TF32 MMA wants element (g, t) (tf32x3.cuh's layouts).
-//   4. A cp.async ring of kStages slices, as linear_async.cu; 16-byte copies when K % 4 == 0 and A,
+//   4. A cp.async ring of kStages slices, as linear_async.cu (3 where a block may have 108 KiB of
+//      shared memory, else 2: launch_linear_tf32x3); 16-byte copies when K % 4 == 0 and A,
 //      W are 16-byte aligned, else 4-byte copies (any K, any alignment), zero-filled past M, N, K.
 //   5. The tensor core does not round its FP32 additions to nearest: over a K of thousands, the
 //      accumulator drifts (phase 5's version 6 measured it on O). Each k-slice is summed in fresh
@@ -31,7 +32,7 @@
 // Split-K (linear_split_k.cuh) as in linear.cu, for grids of less than one wave.
 #include <cstdint>
 
-#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include "common.cuh"
 #include "cp_async.cuh"
@@ -39,6 +40,7 @@
 #include "launchers.h"
 #include "linear_split_k.cuh"
 #include "linear_tile.cuh"
+#include "shared_memory_opt_in.h"
 #include "tf32x3.cuh"
 #include "vec_io.cuh"
 
@@ -233,34 +235,44 @@ linear_tf32x3_kernel(const float* __restrict__ A, const float* __restrict__ W, c
 }
 
 template <class Cfg, Activation ACT, bool kVec, bool kSplitK>
-void launch_instance(const LinearArgs& p, dim3 grid, const SplitK& split) {
-  auto* kernel = linear_tf32x3_kernel<Cfg, ACT, kVec, kSplitK>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+void launch_instance(const LinearArgs& p, dim3 grid, const SplitK& split, int device) {
+  constexpr auto kernel = linear_tf32x3_kernel<Cfg, ACT, kVec, kSplitK>;
+  course::opt_in_shared_memory<kernel>(device, Cfg::kSmemBytes);
   kernel<<<grid, kThreads, Cfg::kSmemBytes, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K,
                                                         split.workspace(), split.tiles_per_split);
 }
 
 template <class Cfg, Activation ACT>
-void launch_config(const LinearArgs& p) {
+void launch_config(const LinearArgs& p, int device) {
   dim3 grid = linear_grid(p);
   const SplitK split = plan_split_k(grid, course::ceil_div<int64_t>(p.K, BK), Cfg::kMinBlocks, p);
   // The 16-byte copies need K % 4 == 0 and aligned A, W; the float2 epilogue the vector epilogue's
   // conditions. One flag for both keeps the instances at two per activation and split.
   const bool vec = p.K % 4 == 0 && aligned16(p.A) && aligned16(p.W) && vector_epilogue(p);
   if (vec) {
-    if (split.split()) launch_instance<Cfg, ACT, true, true>(p, grid, split);
-    else launch_instance<Cfg, ACT, true, false>(p, grid, split);
+    if (split.split()) launch_instance<Cfg, ACT, true, true>(p, grid, split, device);
+    else launch_instance<Cfg, ACT, true, false>(p, grid, split, device);
   } else {
-    if (split.split()) launch_instance<Cfg, ACT, false, true>(p, grid, split);
-    else launch_instance<Cfg, ACT, false, false>(p, grid, split);
+    if (split.split()) launch_instance<Cfg, ACT, false, true>(p, grid, split, device);
+    else launch_instance<Cfg, ACT, false, false>(p, grid, split, device);
   }
-  if (split.split()) reduce_split_k<ACT>(split, grid.z, p);
+  if (split.split()) reduce_split_k<ACT>(split, p);
 }
+
+// Three stages (108 KiB) where a block may have that much shared memory (sm_80, sm_90), two
+// (72 KiB) on the GPUs that allow 99 KiB (sm_86, sm_89).
+using ThreeStages = Tf32Config<3, 1>;
+using TwoStages = Tf32Config<2, 1>;
 
 }  // namespace
 
 void launch_linear_tf32x3(const LinearArgs& p) {
-  with_activation(p.act, [&](auto act) { launch_config<Tf32Config<3, 1>, decltype(act)::value>(p); });
+  const int device = c10::cuda::current_device();
+  const bool three = course::shared_memory_per_block(device) >= ThreeStages::kSmemBytes;
+  with_activation(p.act, [&](auto act) {
+    if (three) launch_config<ThreeStages, decltype(act)::value>(p, device);
+    else launch_config<TwoStages, decltype(act)::value>(p, device);
+  });
 }
 
 }  // namespace phase6
