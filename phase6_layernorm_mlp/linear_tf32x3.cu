@@ -82,6 +82,7 @@ __device__ __forceinline__ void copy_slice(float* tile, const float* __restrict_
   constexpr int kWidth = kVec ? 4 : 1;            // floats per copy
   constexpr int kPerRow = BK / kWidth;            // copies per tile row
   constexpr int kCopies = BM * kPerRow / kThreads;  // copies per thread
+  static_assert(BM == BN, "A's and W's slices have the same rows");
 #pragma unroll
   for (int c = 0; c < kCopies; ++c) {
     const int idx = threadIdx.x + c * kThreads;
