@@ -17,7 +17,13 @@ One training step (train_step): forward, next-token cross-entropy in FP32, backw
 default run: STEPS steps at batch BATCH, sequence SEQ of the 4-layer model; the first WARMUP steps
 are left out of the timing (CUDA events around the rest; the losses stay on the GPU until the end,
 so no step waits for the CPU). tokens/s = B * S * timed steps / time. Peak memory is the most the
-run allocated beyond the weights.
+run allocated beyond the weights. host ms is the CPU's time to issue a step (the Python loop's
+clock): where it comes close to ms / step, the step waits for the CPU, not for the GPU.
+
+Every model is trained twice from the same weights on the same batches: eagerly, and with the step
+captured in a CUDA graph after the warm-up (GraphedTrainStep, AdamW with capturable=True), which
+replays its kernels without the CPU's per-op cost. The graph columns (graph_ms, graph_tokens_per_s,
+graph_final_loss) are the second run's: the time the GPU needs for a step.
 
 Data: a synthetic byte corpus (synthetic_corpus: words of a fixed random dictionary, drawn with
 Zipf frequencies and separated by spaces) unless --text names a local text file; each step reads
@@ -112,8 +118,10 @@ def build(impl: str, device="cuda", config=None) -> torch.nn.Module:
     return model.train()
 
 
-def make_optimizer(model: torch.nn.Module, lr: float = LR) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+def make_optimizer(model: torch.nn.Module, lr: float = LR, capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW. capturable=True keeps its step count on the GPU, which a CUDA graph of the step needs."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                             capturable=capturable)
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> torch.Tensor:
@@ -128,36 +136,92 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, idx: to
     return loss.detach()
 
 
-def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
-    """Train impl's model on data [steps, B, S + 1]: its losses, time per step after `warmup` steps,
-    tokens/s and peak memory beyond the weights."""
+class GraphedTrainStep:
+    """train_step captured once in a CUDA graph: calling it copies idx into the graph's input and
+    replays forward, loss, backward and AdamW with no Python and no kernel launch per op.
+
+    Capture records kernels without running them, so whatever a step sets up the first time (the
+    extensions, cuBLAS's workspaces, the optimizer's state, the kernels' shared-memory opt-ins) must
+    exist before it: take a few eager steps on a side stream first (warm_up_steps). The optimizer
+    must be capturable (make_optimizer(..., capturable=True)). The gradients live in the graph's
+    memory from then on; the first replay is the first step the graph takes."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, idx_shape):
+        self.idx = torch.zeros(tuple(idx_shape), dtype=torch.long, device="cuda")
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = train_step(model, optimizer, self.idx)
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        self.idx.copy_(idx)
+        self.graph.replay()
+        return self.loss
+
+
+def warm_up_steps(model, optimizer, data: torch.Tensor, losses: torch.Tensor) -> None:
+    """Eager training steps on data[0], data[1], ... (losses[i] = step i's loss), on a side stream,
+    as CUDA graph capture asks: the allocator then keeps their memory apart from the graph's."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for step in range(data.shape[0]):
+            losses[step] = train_step(model, optimizer, data[step])
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
+    """Train impl's model on data [steps, B, S + 1], eagerly or (graph) replaying a GraphedTrainStep
+    after the warm-up: its losses, the GPU time of the steps after `warmup` (CUDA events) and the
+    CPU's time to issue them, per step, and the peak memory beyond the weights."""
     from utils.bench import timed_call
 
-    steps, B, S = data.shape[0], data.shape[1], data.shape[2] - 1
+    steps = data.shape[0]
     model = build(impl)
-    optimizer = make_optimizer(model)
+    optimizer = make_optimizer(model, capturable=graph)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     losses = torch.empty(steps, device="cuda")
-    for step in range(warmup):
-        losses[step] = train_step(model, optimizer, data[step])
+    warm_up_steps(model, optimizer, data[:warmup], losses)
+    step = GraphedTrainStep(model, optimizer, data.shape[1:]) if graph else \
+        (lambda idx: train_step(model, optimizer, idx))
+    host_s = 0.0
 
     def timed_steps():
-        for step in range(warmup, steps):
-            losses[step] = train_step(model, optimizer, data[step])
+        nonlocal host_s
+        start = time.perf_counter()
+        for n in range(warmup, steps):
+            losses[n] = step(data[n])
+        host_s = time.perf_counter() - start
 
     ms = timed_call(timed_steps)[1] / (steps - warmup)
-    curve = losses.tolist()
-    tail = curve[-min(10, steps):]
-    row = {"impl": impl, "op": "train", "B": B, "S": S, "dtype": IMPLS[impl][0], "steps": steps,
-           "timed_steps": steps - warmup, "ms": ms, "tokens_per_s": B * S / (ms * 1e-3),
-           "first_loss": curve[0], "final_loss": sum(tail) / len(tail),
-           "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
-    print(f"  {impl:16s} {ms:8.2f} ms/step {row['tokens_per_s']:12,.0f} tok/s  loss {curve[0]:.3f} -> "
-          f"{row['final_loss']:.3f}  peak {row['peak_mb']:.0f} MB", flush=True)
-    del model, optimizer
+    result = {"losses": losses.tolist(), "ms": ms, "host_ms": host_s * 1e3 / (steps - warmup),
+              "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
+    del model, optimizer, step
     torch.cuda.empty_cache()
+    return result
+
+
+def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
+    """impl's model trained twice on data [steps, B, S + 1] from the same weights, eagerly and with
+    the step in a CUDA graph: one row (time per step after `warmup` steps, tokens/s, host time, loss,
+    peak memory of the eager run; graph_* of the graphed run) and the eager run's loss curve."""
+    steps, B, S = data.shape[0], data.shape[1], data.shape[2] - 1
+    eager, graphed = (run_steps(impl, data, warmup, graph) for graph in (False, True))
+    curve = eager["losses"]
+
+    def tail_mean(losses):
+        tail = losses[-min(10, steps):]
+        return sum(tail) / len(tail)
+
+    row = {"impl": impl, "op": "train", "B": B, "S": S, "dtype": IMPLS[impl][0], "steps": steps,
+           "timed_steps": steps - warmup, "ms": eager["ms"], "host_ms": eager["host_ms"],
+           "tokens_per_s": B * S / (eager["ms"] * 1e-3), "first_loss": curve[0], "final_loss": tail_mean(curve),
+           "peak_mb": eager["peak_mb"], "graph_ms": graphed["ms"],
+           "graph_tokens_per_s": B * S / (graphed["ms"] * 1e-3), "graph_final_loss": tail_mean(graphed["losses"])}
+    print(f"  {impl:16s} {row['ms']:8.2f} ms/step (host {row['host_ms']:.2f}) {row['tokens_per_s']:12,.0f} tok/s  "
+          f"graph {row['graph_ms']:.2f} ms/step  loss {curve[0]:.3f} -> {row['final_loss']:.3f} "
+          f"(graph {row['graph_final_loss']:.3f})  peak {row['peak_mb']:.0f} MB", flush=True)
     return {"row": row, "curve": [{"impl": impl, "dtype": IMPLS[impl][0], "step": n, "loss": v}
                                   for n, v in enumerate(curve)]}
 
