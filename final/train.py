@@ -17,8 +17,9 @@ One training step (train_step): forward, next-token cross-entropy in FP32, backw
 default run: STEPS steps at batch BATCH, sequence SEQ of the 4-layer model; the first WARMUP steps
 are left out of the timing (CUDA events around the rest; the losses stay on the GPU until the end,
 so no step waits for the CPU). tokens/s = B * S * timed steps / time. Peak memory is the most the
-run allocated beyond the weights. host ms is the CPU's time to issue a step (the Python loop's
-clock): where it comes close to ms / step, the step waits for the CPU, not for the GPU.
+run allocated beyond the weights. host ms is the CPU's time to issue one step with the GPU idle
+(host_ms_per_step, HOST_STEPS extra steps after the timed ones): where it comes close to
+ms / step, the step waits for the CPU, not for the GPU.
 
 Every model is trained twice from the same weights on the same batches: eagerly, and with the step
 captured in a CUDA graph after the warm-up (GraphedTrainStep, AdamW with capturable=True), which
@@ -50,6 +51,7 @@ RESULTS_PATH = HERE / "results" / "training.json"
 QUICK_PATH = HERE / "results" / "quick" / "training.json"
 
 STEPS, BATCH, SEQ, WARMUP = 200, 8, 1024, 5
+HOST_STEPS = 5
 QUICK = {"steps": 12, "batch": 2, "seq": 256, "warmup": 2}
 LR, BETAS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 0.1
 CORPUS_BYTES = 1 << 22
@@ -169,10 +171,25 @@ def warm_up_steps(model, optimizer, data: torch.Tensor, losses: torch.Tensor) ->
     torch.cuda.current_stream().wait_stream(side)
 
 
+def host_ms_per_step(step, data: torch.Tensor) -> float:
+    """The CPU's time to issue one step, median over the batches of data, with the GPU drained
+    before each: a loop of steps cannot measure it, since once the GPU falls behind the launch queue
+    fills and every launch waits for a free slot. These steps come after the timed ones; their
+    losses are not recorded."""
+    times = []
+    for idx in data:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(idx)
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2] * 1e3
+
+
 def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
     """Train impl's model on data [steps, B, S + 1], eagerly or (graph) replaying a GraphedTrainStep
-    after the warm-up: its losses, the GPU time of the steps after `warmup` (CUDA events) and the
-    CPU's time to issue them, per step, and the peak memory beyond the weights."""
+    after the warm-up: its losses, the time per step after `warmup` (CUDA events), the CPU's time
+    to issue one (host_ms_per_step) and the peak memory beyond the weights."""
     from utils.bench import timed_call
 
     steps = data.shape[0]
@@ -185,17 +202,13 @@ def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
     warm_up_steps(model, optimizer, data[:warmup], losses)
     step = GraphedTrainStep(model, optimizer, data.shape[1:]) if graph else \
         (lambda idx: train_step(model, optimizer, idx))
-    host_s = 0.0
 
     def timed_steps():
-        nonlocal host_s
-        start = time.perf_counter()
         for n in range(warmup, steps):
             losses[n] = step(data[n])
-        host_s = time.perf_counter() - start
 
     ms = timed_call(timed_steps)[1] / (steps - warmup)
-    result = {"losses": losses.tolist(), "ms": ms, "host_ms": host_s * 1e3 / (steps - warmup),
+    result = {"losses": losses.tolist(), "ms": ms, "host_ms": host_ms_per_step(step, data[-HOST_STEPS:]),
               "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
     del model, optimizer, step
     torch.cuda.empty_cache()
