@@ -4,7 +4,7 @@
                               (q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse[, variant])
     register_tc(op_name)      phase5_fused_tc::attention_lse
                               (q, k, v, mask, is_causal, scale, key_lengths)
-    register_hopper(op_name, load, variant)
+    register_hopper(op_name, load, variant, tma_readable)
                               phase5_fused_hopper::attention
                               (q, k, v, is_causal, scale, key_lengths, return_lse, version), whose
                               backward op lives in that lesson's own extension (load()), run
@@ -71,10 +71,11 @@ def register_tc(name: str) -> None:
     _REGISTERED.add(name)
 
 
-def register_hopper(name: str, load, variant: int) -> None:
+def register_hopper(name: str, load, variant: int, tma_readable) -> None:
     """Autograd for the Hopper forward op: its own backward op, attention_backward of the extension
     that load() returns (hopper_bwd.cu; compiled for sm_90a only, so not in this lesson's), run as
-    `variant`."""
+    `variant`. It reads q, k, v, out and dout in place (views of the qkv projection, O and dO in
+    [B, S, H, D] memory) wherever TMA can: tma_readable(x) is x itself then, else a copy."""
     if name in _REGISTERED:
         return
 
@@ -89,8 +90,7 @@ def register_hopper(name: str, load, variant: int) -> None:
             raise RuntimeError("the forward ran without its logsumexp (return_lse=False): call it through "
                                "phase5_fused.hopper.attention, which asks for it when an input requires grad")
         dout = torch.zeros_like(out) if grad_out is None else grad_out
-        # The op takes contiguous tensors that TMA can read (16-byte aligned).
-        q, k, v, out, dout = (_aligned(x.contiguous()) for x in (q, k, v, out, dout))
+        q, k, v, out, dout = (tma_readable(x) for x in (q, k, v, out, dout))
         dlse = None if grad_lse is None else grad_lse.contiguous()
         dq, dk, dv = load().attention_backward(q, k, v, out, lse, dout, dlse, ctx.is_causal, ctx.scale, key_lengths,
                                                variant)

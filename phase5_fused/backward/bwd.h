@@ -30,9 +30,16 @@ struct BwdParams {
   course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
 };
 
-// delta[r] = sum_d dout[r, d] * out[r, d] - (dlse ? dlse[r] : 0) for rows r < rows, in FP32.
-void launch_preprocess(const void* out, const void* dout, const float* dlse, float* delta, int64_t rows,
-                       int D, DType dtype, cudaStream_t stream);
+// Element strides of a [B, H, S, D] tensor whose rows (D) are contiguous: batch, head, position.
+struct RowStrides {
+  int64_t b, h, s;
+};
+
+// delta[r] = sum_d dout[r, d] * out[r, d] - (dlse ? dlse[r] : 0) for the B * H * Sq rows r = (b, h, i)
+// of out and dout (each with its own strides), in FP32; delta and dlse are [B, H, Sq] contiguous.
+void launch_preprocess(const void* out, RowStrides out_strides, const void* dout, RowStrides dout_strides,
+                       const float* dlse, float* delta, int64_t B, int64_t H, int64_t Sq, int D, DType dtype,
+                       cudaStream_t stream);
 
 // Head dims of bwd_tc.cu's instances: the FP16 / BF16 backward takes these only (the tensor-core
 // forward takes every multiple of 8 up to 256); bwd_fp32.cu takes the FP32 forward's own list.

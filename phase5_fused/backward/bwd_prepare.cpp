@@ -22,14 +22,20 @@ bool listed(const int (&dims)[N], int64_t D) {
   return false;
 }
 
-// A tensor of q's device, the given dtype and shape, contiguous.
+// A tensor of q's device, the given dtype and shape, contiguous (rows_contiguous: its last dim only).
 void check_like(const at::Tensor& x, const char* name, const at::Tensor& q, at::ScalarType dtype,
-                at::IntArrayRef shape) {
+                at::IntArrayRef shape, bool rows_contiguous = false) {
   TORCH_CHECK(x.is_cuda() && x.device() == q.device(), name, " must be on q's device ", q.device());
   TORCH_CHECK(x.scalar_type() == dtype, name, " must be ", dtype, ", got ", x.scalar_type());
   TORCH_CHECK(x.sizes() == shape, name, " must have shape ", shape, ", got ", x.sizes());
-  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  if (rows_contiguous) {
+    TORCH_CHECK(x.stride(-1) == 1, name, "'s last dim (D) must be contiguous (stride 1), got strides ", x.strides());
+  } else {
+    TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  }
 }
+
+RowStrides row_strides(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
 void check_aligned(const at::Tensor& x, const char* name) {
   TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0, name,
@@ -50,7 +56,10 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
     TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
                 "q must be float16 or bfloat16 for the tensor-core backward, got ", dtype);
   }
-  const course::AttentionShape s = course::check_qkv(q, k, v, dtype);
+  // The Hopper kernel reads q, k, v, dout through TMA maps and D_i reads out and dout through their
+  // strides: views whose rows are contiguous are read in place (its op checks what TMA needs).
+  const bool views = kernel == Kernel::kHopper;
+  const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/false, /*rows_contiguous=*/views);
   if (kernel == Kernel::kTensorCores) {
     TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
@@ -62,8 +71,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                 "backward (the FP32 forward's: a multiple of ", phase5::kHeadDimStep, " from ",
                 phase5::kMinHeadDim, " to ", phase5::kMaxHeadDim, ")");
   }
-  check_like(out, "out", q, dtype, q.sizes());
-  check_like(dout, "dout", q, dtype, q.sizes());
+  check_like(out, "out", q, dtype, q.sizes(), views);
+  check_like(dout, "dout", q, dtype, q.sizes(), views);
   const std::vector<int64_t> rows{s.B, s.H, s.Sq};
   check_like(lse, "lse", q, at::kFloat, rows);
   if (dlse.has_value() && dlse->defined()) check_like(*dlse, "dlse", q, at::kFloat, rows);
@@ -79,8 +88,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   // dQ collects one part per key block: FP32, zeroed, added to with atomics.
   const int64_t dq_rows = (s.Sq + dq_row_multiple - 1) / dq_row_multiple * dq_row_multiple;
   prep.dq = at::zeros({s.B, s.H, dq_rows, s.D}, q.options().dtype(at::kFloat));
-  prep.dk = at::empty_like(k);
-  prep.dv = at::empty_like(v);
+  prep.dk = at::empty(k.sizes(), k.options());  // contiguous, whatever k's layout
+  prep.dv = at::empty(v.sizes(), v.options());
   prep.delta = at::empty(rows, q.options().dtype(at::kFloat));
 
   BwdParams& p = prep.params;
@@ -106,8 +115,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                                  : dtype == at::kHalf ? DType::kHalf
                                                       : DType::kBFloat16;
   const float* dlse_ptr = dlse.has_value() && dlse->defined() ? dlse->data_ptr<float>() : nullptr;
-  launch_preprocess(out.data_ptr(), dout.data_ptr(), dlse_ptr, prep.delta.data_ptr<float>(),
-                                s.B * s.H * s.Sq, prep.D, kind, c10::cuda::getCurrentCUDAStream());
+  launch_preprocess(out.data_ptr(), row_strides(out), dout.data_ptr(), row_strides(dout), dlse_ptr,
+                    prep.delta.data_ptr<float>(), s.B, s.H, s.Sq, prep.D, kind, c10::cuda::getCurrentCUDAStream());
   return prep;
 }
 

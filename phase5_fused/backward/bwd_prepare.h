@@ -15,7 +15,8 @@ namespace phase5_bwd {
 // The kernel the arguments are checked for: its dtypes, head dims and alignment.
 //   kFp32         float32; the FP32 forward's head dims; any stride
 //   kTensorCores  float16 / bfloat16; kTcSupportedD; stride 1; 16-byte aligned q, k, v, dout
-//   kHopper       float16 / bfloat16 (its op checks the head dim); stride 1; aligned as above
+//   kHopper       float16 / bfloat16 (its op checks the head dim); stride 1; aligned as above;
+//                 q, k, v, out, dout may be views with contiguous rows (the others: contiguous)
 enum class Kernel { kFp32, kTensorCores, kHopper };
 
 struct Prepared {
@@ -25,7 +26,7 @@ struct Prepared {
 };
 
 // dq is FP32 and zeroed (every key block adds its part), [B, H, rows, D] with rows = Sq rounded up to
-// a multiple of dq_row_multiple (the Hopper kernel adds whole 64-row tiles); dk, dv like k, v.
+// a multiple of dq_row_multiple (the Hopper kernel adds whole 64-row tiles); dk, dv contiguous, k's shape.
 Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                  const at::Tensor& lse, const at::Tensor& dout, const c10::optional<at::Tensor>& dlse,
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,

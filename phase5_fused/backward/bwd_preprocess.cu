@@ -7,7 +7,8 @@
 // dlse_i P_ij to dS_ij: the same formula with D_i - dlse_i, folded in here.
 //
 // One warp per row: lanes stride along D (coalesced), then a warp sum. FP32 accumulation for every
-// input dtype.
+// input dtype. out and dout are read through their own strides: the Hopper backward takes them as
+// views of [B, S, H, D] memory, as its forward writes O.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
@@ -26,41 +27,48 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename T>
-__global__ void preprocess_kernel(const T* out, const T* dout, const float* dlse, float* delta, int64_t rows,
-                                  int D) {
+__global__ void preprocess_kernel(const T* out, RowStrides os, const T* dout, RowStrides ds, const float* dlse,
+                                  float* delta, int64_t H, int64_t Sq, int64_t rows, int D) {
   const int lane = static_cast<int>(threadIdx.x) % course::kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / course::kWarpSize;
   if (row >= rows) return;
+  // Row (b, h, i) of [B, H, Sq]: out and dout may be views (heads inside a position), rows contiguous.
+  const int64_t i = row % Sq, h = (row / Sq) % H, b = row / (Sq * H);
+  const T* o = out + b * os.b + h * os.h + i * os.s;
+  const T* dO = dout + b * ds.b + h * ds.h + i * ds.s;
   float sum = 0.0f;
-  for (int d = lane; d < D; d += course::kWarpSize)
-    sum = fmaf(to_float(dout[row * D + d]), to_float(out[row * D + d]), sum);
+  for (int d = lane; d < D; d += course::kWarpSize) sum = fmaf(to_float(dO[d]), to_float(o[d]), sum);
   sum = course::warp_reduce_sum(sum);
   if (lane == 0) delta[row] = dlse != nullptr ? sum - dlse[row] : sum;
 }
 
-}  // namespace
-
-void launch_preprocess(const void* out, const void* dout, const float* dlse, float* delta, int64_t rows,
-                       int D, DType dtype, cudaStream_t stream) {
+template <typename T>
+void launch_typed(const void* out, RowStrides os, const void* dout, RowStrides ds, const float* dlse, float* delta,
+                  int64_t H, int64_t Sq, int64_t rows, int D, cudaStream_t stream) {
   const int64_t blocks = course::ceil_div<int64_t>(rows, kRowsPerBlock);
   TORCH_CHECK(blocks <= 0x7fffffff, "q: too many rows (B*H*Sq) for one grid");
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const dim3 block(kRowsPerBlock * course::kWarpSize);
+  preprocess_kernel<T><<<static_cast<unsigned>(blocks), kRowsPerBlock * course::kWarpSize, 0, stream>>>(
+      static_cast<const T*>(out), os, static_cast<const T*>(dout), ds, dlse, delta, H, Sq, rows, D);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_preprocess(const void* out, RowStrides out_strides, const void* dout, RowStrides dout_strides,
+                       const float* dlse, float* delta, int64_t B, int64_t H, int64_t Sq, int D, DType dtype,
+                       cudaStream_t stream) {
+  const int64_t rows = B * H * Sq;
   switch (dtype) {
     case DType::kFloat:
-      preprocess_kernel<float><<<grid, block, 0, stream>>>(static_cast<const float*>(out),
-                                                           static_cast<const float*>(dout), dlse, delta, rows, D);
+      launch_typed<float>(out, out_strides, dout, dout_strides, dlse, delta, H, Sq, rows, D, stream);
       break;
     case DType::kHalf:
-      preprocess_kernel<__half><<<grid, block, 0, stream>>>(static_cast<const __half*>(out),
-                                                            static_cast<const __half*>(dout), dlse, delta, rows, D);
+      launch_typed<__half>(out, out_strides, dout, dout_strides, dlse, delta, H, Sq, rows, D, stream);
       break;
     case DType::kBFloat16:
-      preprocess_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(dout), dlse, delta, rows, D);
+      launch_typed<__nv_bfloat16>(out, out_strides, dout, dout_strides, dlse, delta, H, Sq, rows, D, stream);
       break;
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace phase5_bwd

@@ -68,13 +68,14 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake(f"{NAME}::attention_backward")
     def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the op's
 
     # Autograd of attention: hopper_bwd.cu through the backward lesson's formula (that lesson imports
     # nothing of this one, so this lazy import closes no circle).
     from phase5_fused.backward import autograd
 
-    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT)
+    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT,
+                             lambda x: _tma_readable(x, check_address=not torch.compiler.is_compiling()))
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
@@ -166,13 +167,13 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
                        key_lengths=None, dlse=None, variant: int | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
     lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
-    dout. q, k, v as attention takes them but with one K/V head per query head; non-contiguous tensors
-    are copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
+    dout. q, k, v as attention takes them but with one K/V head per query head; q, k, v, out and dout
+    are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
     lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of
     BWD_VARIANTS; None: BWD_DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale)
+        is_causal=is_causal, scale=scale, contiguous=False)
     if variant is None:
         variant = BWD_DEFAULT_VARIANT
     if isinstance(variant, bool) or variant not in BWD_VARIANTS:
@@ -180,7 +181,7 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
     tracing = torch.compiler.is_compiling()
     if not tracing:
         check_hopper(q.device)
-    q, k, v, out, dout = (_tma_readable(x.contiguous(), check_address=not tracing) for x in (q, k, v, out, dout))
+    q, k, v, out, dout = (_tma_readable(x, check_address=not tracing) for x in (q, k, v, out, dout))
     return load().attention_backward(q, k, v, out, lse.contiguous(), dout,
                                      None if dlse is None else dlse.contiguous(), is_causal,
                                      None if scale is None else float(scale), key_lengths, variant)

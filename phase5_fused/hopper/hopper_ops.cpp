@@ -4,8 +4,9 @@
 //       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 7 (hopper_v*.cu).
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
-//       contiguous inputs with one K/V head per query head. variant: 0 (dQ by keys) or 1 (dQ by
-//       columns).
+//       one K/V head per query head; q, k, v, dout in any layout TMA reads (check_tma_layout) and out
+//       with contiguous rows, such as views of the qkv projection and of [B, S, H, D] (read in place);
+//       dq, dk, dv contiguous. variant: 0 (dQ by keys) or 1 (dQ by columns).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -180,6 +181,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   TORCH_CHECK(hopper::supported_head_dim(prep.D), "head dim D=", prep.D,
               " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");
   check_fits_int32(b.B, b.H, b.Sq, b.Sk);
+  check_tma_layout(q, "q");
+  check_tma_layout(k, "k");
+  check_tma_layout(v, "v");
+  check_tma_layout(dout, "dout");
   hopper::BwdParams p;
   p.q_map = make_tensor_map(q, hopper::kBwdBr);
   p.k_map = make_tensor_map(k, hopper::kBwdBc);

@@ -10,7 +10,9 @@ H = 2 query heads (grouped-query attention: both heads read the same K/V tiles).
 
 The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
 (three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
-cut short, and one batch's key length inside the second), causal and not, every variant.
+cut short, and one batch's key length inside the second), causal and not, every variant. The causal
+cases take q, k, v and dO as views of a transformer's layouts ([B, S, H, D] and a packed
+[B, S, 2, H, D]), which the backward reads in place through its TMA maps and strides.
 """
 
 from __future__ import annotations
@@ -62,9 +64,13 @@ def backward_cases() -> int:
     cases = 0
     for dtype in hopper.DTYPES:
         for D in hopper.SUPPORTED_D:
-            q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
-            dout = randn(B, H, Sq, D, dtype=dtype)
             for causal in (False, True):
+                if causal:  # views, read in place: q, dO (and so O) of [B, S, H, D], k and v of [B, S, 2, H, D]
+                    q, dout = (randn(B, Sq, H, D, dtype=dtype).transpose(1, 2) for _ in range(2))
+                    k, v = randn(B, Sk, 2, H, D, dtype=dtype).permute(2, 0, 3, 1, 4)
+                else:
+                    q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+                    dout = randn(B, H, Sq, D, dtype=dtype)
                 out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True)
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.
                 refs = reference.attention_grads(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), is_causal=causal,

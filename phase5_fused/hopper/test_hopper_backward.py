@@ -16,7 +16,7 @@ from phase5_fused import hopper
 from phase5_fused.backward.test_backward import check_tc, make_inputs, reference_grads, sdpa_grads
 from phase5_fused.hopper.test_hopper import requires_hopper
 from utils import reference
-from utils.testing import assert_close, randn
+from utils.testing import assert_close, new_seed, randn
 
 DTYPES = (torch.float16, torch.bfloat16)
 DTYPE_IDS = ["fp16", "bf16"]
@@ -146,6 +146,34 @@ def test_every_variant(dtype, causal, D, variant):
     grads = hopper.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
     _, *refs = reference_grads(q, k, v, dout, **kw)
     check_tc(grads, refs, sdpa_grads(q, k, v, dout, **kw), f"{info} variant {variant}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+def test_views_of_a_packed_projection_are_read_in_place(dtype, D):
+    """A transformer's layout: q, k, v views of one [B, S, 3, H, D] projection, O (the forward
+    writes it so) and dO views of [B, S, H, D] memory. The op takes them as they are (it rejects
+    nothing, copies nothing) and gives the gradients of contiguous copies: dK and dV bit for bit,
+    dQ to rounding; through autograd, the projection's gradient matches the reference's."""
+    B, H, S = 2, 3, 200
+    seed = new_seed()
+    qkv = randn(B, S, 3, H, D, dtype=dtype, seed=seed)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    dout = randn(B, S, H, D, dtype=dtype, seed=seed + 1).transpose(1, 2)
+    info = f"(seed {seed}, B={B} H={H} S={S} D={D} {dtype})"
+    out, lse = hopper.attention(q, k, v, is_causal=True, return_lse=True)
+    assert out.stride(1) < out.stride(2), f"O is not in [B, S, H, D] memory: strides {out.stride()}"
+    in_place = hopper.load().attention_backward(q, k, v, out, lse, dout, None, True, None, None,
+                                                hopper.BWD_DEFAULT_VARIANT)
+    copies = hopper.attention_backward(*(x.contiguous() for x in (q, k, v, out)), lse, dout.contiguous(),
+                                       is_causal=True)
+    assert torch.equal(in_place[1], copies[1]) and torch.equal(in_place[2], copies[2]), f"dk, dv {info}"
+    assert torch.allclose(in_place[0].float(), copies[0].float(), rtol=1e-2, atol=1e-3), f"dq {info}"
+    leaf = qkv.detach().clone().requires_grad_()
+    hopper.attention(*leaf.permute(2, 0, 3, 1, 4), is_causal=True).backward(dout)
+    _, *refs = reference_grads(q, k, v, dout, is_causal=True)
+    check_tc(leaf.grad.permute(2, 0, 3, 1, 4), refs, sdpa_grads(q, k, v, dout, is_causal=True), info)
 
 
 @requires_hopper
