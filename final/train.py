@@ -17,9 +17,7 @@ One training step (train_step): forward, next-token cross-entropy in FP32, backw
 default run: STEPS steps at batch BATCH, sequence SEQ of the 4-layer model; the first WARMUP steps
 are left out of the timing (CUDA events around the rest; the losses stay on the GPU until the end,
 so no step waits for the CPU). tokens/s = B * S * timed steps / time. Peak memory is the most the
-run allocated beyond the weights. host ms is the CPU's time to issue one step with the GPU idle
-(host_ms_per_step, HOST_STEPS extra steps after the timed ones): where it comes close to
-ms / step, the step waits for the CPU, not for the GPU.
+run allocated beyond the weights.
 
 Every model is trained twice from the same weights on the same batches: eagerly, and with the step
 captured in a CUDA graph after the warm-up (GraphedTrainStep, AdamW with capturable=True), which
@@ -51,7 +49,6 @@ RESULTS_PATH = HERE / "results" / "training.json"
 QUICK_PATH = HERE / "results" / "quick" / "training.json"
 
 STEPS, BATCH, SEQ, WARMUP = 200, 8, 1024, 5
-HOST_STEPS = 5
 QUICK = {"steps": 12, "batch": 2, "seq": 256, "warmup": 2}
 LR, BETAS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 0.1
 CORPUS_BYTES = 1 << 22
@@ -171,25 +168,10 @@ def warm_up_steps(model, optimizer, data: torch.Tensor, losses: torch.Tensor) ->
     torch.cuda.current_stream().wait_stream(side)
 
 
-def host_ms_per_step(step, data: torch.Tensor) -> float:
-    """The CPU's time to issue one step, median over the batches of data, with the GPU drained
-    before each: a loop of steps cannot measure it, since once the GPU falls behind the launch queue
-    fills and every launch waits for a free slot. These steps come after the timed ones; their
-    losses are not recorded."""
-    times = []
-    for idx in data:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step(idx)
-        times.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2] * 1e3
-
-
 def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
     """Train impl's model on data [steps, B, S + 1], eagerly or (graph) replaying a GraphedTrainStep
-    after the warm-up: its losses, the time per step after `warmup` (CUDA events), the CPU's time
-    to issue one (host_ms_per_step) and the peak memory beyond the weights."""
+    after the warm-up: its losses, the time per step after `warmup` (CUDA events) and the peak
+    memory beyond the weights."""
     from utils.bench import timed_call
 
     steps = data.shape[0]
@@ -208,8 +190,7 @@ def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
             losses[n] = step(data[n])
 
     ms = timed_call(timed_steps)[1] / (steps - warmup)
-    result = {"losses": losses.tolist(), "ms": ms, "host_ms": host_ms_per_step(step, data[-HOST_STEPS:]),
-              "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
+    result = {"losses": losses.tolist(), "ms": ms, "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
     del model, optimizer, step
     torch.cuda.empty_cache()
     return result
@@ -217,8 +198,8 @@ def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
 
 def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
     """impl's model trained twice on data [steps, B, S + 1] from the same weights, eagerly and with
-    the step in a CUDA graph: one row (time per step after `warmup` steps, tokens/s, host time, loss,
-    peak memory of the eager run; graph_* of the graphed run) and the eager run's loss curve."""
+    the step in a CUDA graph: one row (time per step after `warmup` steps, tokens/s, loss and peak
+    memory of the eager run; graph_* of the graphed run) and the eager run's loss curve."""
     steps, B, S = data.shape[0], data.shape[1], data.shape[2] - 1
     eager, graphed = (run_steps(impl, data, warmup, graph) for graph in (False, True))
     curve = eager["losses"]
@@ -228,11 +209,11 @@ def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
         return sum(tail) / len(tail)
 
     row = {"impl": impl, "op": "train", "B": B, "S": S, "dtype": IMPLS[impl][0], "steps": steps,
-           "timed_steps": steps - warmup, "ms": eager["ms"], "host_ms": eager["host_ms"],
+           "timed_steps": steps - warmup, "ms": eager["ms"],
            "tokens_per_s": B * S / (eager["ms"] * 1e-3), "first_loss": curve[0], "final_loss": tail_mean(curve),
            "peak_mb": eager["peak_mb"], "graph_ms": graphed["ms"],
            "graph_tokens_per_s": B * S / (graphed["ms"] * 1e-3), "graph_final_loss": tail_mean(graphed["losses"])}
-    print(f"  {impl:16s} {row['ms']:8.2f} ms/step (host {row['host_ms']:.2f}) {row['tokens_per_s']:12,.0f} tok/s  "
+    print(f"  {impl:16s} {row['ms']:8.2f} ms/step {row['tokens_per_s']:12,.0f} tok/s  "
           f"graph {row['graph_ms']:.2f} ms/step  loss {curve[0]:.3f} -> {row['final_loss']:.3f} "
           f"(graph {row['graph_final_loss']:.3f})  peak {row['peak_mb']:.0f} MB", flush=True)
     return {"row": row, "curve": [{"impl": impl, "dtype": IMPLS[impl][0], "step": n, "loss": v}

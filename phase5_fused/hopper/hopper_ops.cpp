@@ -206,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   hopper::launch_backward(p, prep.D, static_cast<int>(variant), dtype, stream);
-  at::Tensor dq = at::empty_like(q);
+  at::Tensor dq = at::empty(q.sizes(), q.options());  // contiguous (empty_like would keep a view's order)
   hopper::launch_dq_convert(p.dq_accum, dq.data_ptr(), b.B * b.H, p.Sq, prep.D, static_cast<int>(variant),
                             p.n_qblocks, p.scale, dtype, stream);
   return {dq, prep.dk, prep.dv};
