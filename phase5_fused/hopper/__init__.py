@@ -74,20 +74,22 @@ def _register_fakes() -> None:
     # nothing of this one, so this lazy import closes no circle).
     from phase5_fused.backward import autograd
 
-    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT,
-                             lambda x: _tma_readable(x, check_address=not torch.compiler.is_compiling()))
+    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT, _tma_readable)
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)
 
 
-def _tma_readable(x: torch.Tensor, check_address: bool = True) -> torch.Tensor:
+def _tma_readable(x: torch.Tensor) -> torch.Tensor:
     """x itself if TMA can read it in place (the op's check_tma_layout: D contiguous, the other
     strides positive multiples of 16 bytes, the data 16-byte aligned), else a contiguous copy.
-    check_address=False while tracing (a traced tensor has no data pointer)."""
+    A traced tensor (torch.compile's fakes) has no data pointer: its strides alone decide."""
+    from torch._subclasses.fake_tensor import is_fake
+
     rows_ok = x.is_contiguous() or (x.stride(-1) == 1 and all(
         n == 1 or (s > 0 and s * x.element_size() % 16 == 0) for n, s in zip(x.shape[:-1], x.stride()[:-1])))
-    if rows_ok and (not check_address or x.data_ptr() % 16 == 0):
+    traced = torch.compiler.is_compiling() or is_fake(x)
+    if rows_ok and (traced or x.data_ptr() % 16 == 0):
         return x
     return x.clone(memory_format=torch.contiguous_format)
 
@@ -152,7 +154,7 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     tracing = torch.compiler.is_compiling()  # traced tensors have no data pointer nor a device to ask
     if not tracing:
         check_hopper(q.device)
-    q, k, v = (_tma_readable(x, check_address=not tracing) for x in (q, k, v))
+    q, k, v = (_tma_readable(x) for x in (q, k, v))
     needs_grad = records_grad(q, k, v)
     if needs_grad and k.shape[1] != H:
         raise ValueError(f"grouped-query heads (H={H}, H_kv={k.shape[1]}): the Hopper backward takes one K/V "
@@ -181,7 +183,7 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
     tracing = torch.compiler.is_compiling()
     if not tracing:
         check_hopper(q.device)
-    q, k, v, out, dout = (_tma_readable(x, check_address=not tracing) for x in (q, k, v, out, dout))
+    q, k, v, out, dout = (_tma_readable(x) for x in (q, k, v, out, dout))
     return load().attention_backward(q, k, v, out, lse.contiguous(), dout,
                                      None if dlse is None else dlse.contiguous(), is_causal,
                                      None if scale is None else float(scale), key_lengths, variant)
