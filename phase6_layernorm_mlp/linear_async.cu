@@ -29,11 +29,13 @@
 #include <cstdint>
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "launchers.h"
 #include "linear_tile.cuh"
+#include "shared_memory_opt_in.h"
 #include "vec_io.cuh"
 
 namespace phase6 {
@@ -152,35 +154,35 @@ linear_async_kernel(const float* __restrict__ A, const float* __restrict__ W, co
   store_output<Cfg, ACT, kVec>(acc, bias, residual, C, M, N, m0, n0, tx, ty);
 }
 
-// Launch one instance. Its shared memory may go past the 48 KiB default: raise its limit (per
-// device and cheap, so on every launch).
+// Launch one instance. Its shared memory may go past the 48 KiB default: it opts in once per device.
 template <class Cfg, Activation ACT, bool kVec>
-void launch_instance(const LinearArgs& p, dim3 grid) {
-  auto* kernel = linear_async_kernel<Cfg, ACT, kVec>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+void launch_instance(const LinearArgs& p, dim3 grid, int device) {
+  constexpr auto kernel = linear_async_kernel<Cfg, ACT, kVec>;
+  course::opt_in_shared_memory<kernel>(device, Cfg::kSmemBytes);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p.A, p.W, p.bias, p.residual, p.C, p.M, p.N, p.K);
 }
 
 template <class Cfg, Activation ACT>
-void launch_config(const LinearArgs& p) {
+void launch_config(const LinearArgs& p, int device) {
   const dim3 grid = linear_grid(p);
-  if (vector_epilogue(p)) launch_instance<Cfg, ACT, true>(p, grid);
-  else launch_instance<Cfg, ACT, false>(p, grid);
+  if (vector_epilogue(p)) launch_instance<Cfg, ACT, true>(p, grid, device);
+  else launch_instance<Cfg, ACT, false>(p, grid, device);
 }
 
 template <Activation ACT>
-void launch_act(const LinearArgs& p, int config) {
+void launch_act(const LinearArgs& p, int config, int device) {
   switch (config) {
-    case 0: return launch_config<TileConfig<8, 8, 2, 16, 3>, ACT>(p);
-    case 1: return launch_config<TileConfig<8, 8, 2, 32, 3>, ACT>(p);
-    default: return launch_config<TileConfig<8, 16, 2, 16, 4>, ACT>(p);
+    case 0: return launch_config<TileConfig<8, 8, 2, 16, 3>, ACT>(p, device);
+    case 1: return launch_config<TileConfig<8, 8, 2, 32, 3>, ACT>(p, device);
+    default: return launch_config<TileConfig<8, 16, 2, 16, 4>, ACT>(p, device);
   }
 }
 
 }  // namespace
 
 void launch_linear_async(const LinearArgs& p, int config) {
-  with_activation(p.act, [&](auto act) { launch_act<decltype(act)::value>(p, config); });
+  const int device = c10::cuda::current_device();
+  with_activation(p.act, [&](auto act) { launch_act<decltype(act)::value>(p, config, device); });
 }
 
 }  // namespace phase6
