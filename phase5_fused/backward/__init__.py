@@ -59,14 +59,17 @@ def _register_fakes() -> None:
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes)
 
 
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor (traced
-    tensors, which have no data pointer, are left alone)."""
+def is_aligned(x: torch.Tensor) -> bool:
+    """Whether x's data starts at a 16-byte aligned address, as the tensor-core kernels' 16-byte
+    loads (cp.async, TMA) need. A traced tensor has no data pointer: it counts as aligned."""
     from torch._subclasses.fake_tensor import is_fake
 
-    if torch.compiler.is_compiling() or is_fake(x):
-        return x
-    return x if x.data_ptr() % 16 == 0 else x.clone()
+    return torch.compiler.is_compiling() or is_fake(x) or x.data_ptr() % 16 == 0
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor."""
+    return x if is_aligned(x) else x.clone()
 
 
 def default_variant(dtype: torch.dtype, D: int) -> int:

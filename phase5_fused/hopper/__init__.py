@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from phase5_fused.backward import is_aligned
 from utils.build import op_loader
 from utils.checks import check_attention_inputs, dim_in, plain_arguments, records_grad
 
@@ -84,12 +85,9 @@ def _tma_readable(x: torch.Tensor) -> torch.Tensor:
     """x itself if TMA can read it in place (the op's check_tma_layout: D contiguous, the other
     strides positive multiples of 16 bytes, the data 16-byte aligned), else a contiguous copy.
     A traced tensor (torch.compile's fakes) has no data pointer: its strides alone decide."""
-    from torch._subclasses.fake_tensor import is_fake
-
     rows_ok = x.is_contiguous() or (x.stride(-1) == 1 and all(
         n == 1 or (s > 0 and s * x.element_size() % 16 == 0) for n, s in zip(x.shape[:-1], x.stride()[:-1])))
-    traced = torch.compiler.is_compiling() or is_fake(x)
-    if rows_ok and (traced or x.data_ptr() % 16 == 0):
+    if rows_ok and is_aligned(x):
         return x
     return x.clone(memory_format=torch.contiguous_format)
 
@@ -170,9 +168,10 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
     """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
     lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
     dout. q, k, v as attention takes them but with one K/V head per query head; q, k, v, out and dout
-    are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse, optional: the gradient of lse where a loss used it. The checks are the backward
-    lesson's (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of
-    BWD_VARIANTS; None: BWD_DEFAULT_VARIANT, the one autograd runs."""
+    are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse,
+    optional: the gradient of lse where a loss used it. The checks are the backward lesson's
+    (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of BWD_VARIANTS;
+    None: BWD_DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
         is_causal=is_causal, scale=scale, contiguous=False)
