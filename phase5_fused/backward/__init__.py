@@ -30,14 +30,16 @@ from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor
 
 NAME = "phase5_fused_bwd"
-SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu"]
+SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu", "bwd_tf32x3.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Head dims of the tensor-core kernel (bwd_tc.cu's instances, bwd.h's kTcSupportedD, which the op
 # checks); phase5_fused.tensor_cores.attention refuses others when an input requires grad.
 TC_SUPPORTED_D = (32, 64, 96, 128)
-# Tile configurations of each dtype's kernel (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
-# Bc = 128).
-VARIANTS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
+# Kernels (float32: 0 = bwd_fp32.cu on FFMA, 1 = bwd_tf32x3.cu in 3xTF32 on tensor cores, D in
+# TF32X3_SUPPORTED_D) and tile configurations (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
+# Bc = 128) of each dtype.
+VARIANTS = {torch.float32: 2, torch.float16: 2, torch.bfloat16: 2}
+TF32X3_SUPPORTED_D = (32, 64, 96, 128)
 # The tensor-core variant autograd runs, per head dim: 1 where the variants table measured it faster
 # than 0 (D = 64 and 128, causal and not); 0 at the head dims it has not been measured at.
 TC_DEFAULT_VARIANT = {64: 1, 128: 1}
@@ -72,6 +74,11 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if is_aligned(x) else x.clone()
 
 
+def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
+    """The variants of dtype's kernels that take head dim D (float32's variant 1: TF32X3_SUPPORTED_D)."""
+    return tuple(n for n in range(VARIANTS[dtype]) if dtype != torch.float32 or n == 0 or D in TF32X3_SUPPORTED_D)
+
+
 def default_variant(dtype: torch.dtype, D: int) -> int:
     """The tile configuration autograd runs for this dtype and head dim (TC_DEFAULT_VARIANT)."""
     return 0 if dtype == torch.float32 else TC_DEFAULT_VARIANT.get(int(D), 0)  # int(): D may be symbolic
@@ -101,6 +108,9 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
         variant = default_variant(q.dtype, D)
     if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
+    if variant not in variants_for(q.dtype, D):
+        raise ValueError(f"q: head dim D={D} is not supported by the 3xTF32 backward (variant 1 takes "
+                         f"{TF32X3_SUPPORTED_D}): use variant 0")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     if q.dtype != torch.float32:

@@ -2,6 +2,7 @@
 //   bwd_preprocess.cu  D_i = rowsum(dO_i * O_i) (minus dlse_i), one warp per query row
 //   bwd_fp32.cu        the FP32 teaching kernel
 //   bwd_tc.cu          the FP16 / BF16 kernel on mma.sync tensor cores
+//   bwd_tf32x3.cu      the FP32 kernel on tensor cores (3xTF32)
 // Plain data only, so this header is shared by the host compiler and nvcc.
 #pragma once
 
@@ -47,6 +48,8 @@ constexpr int kTcSupportedD[] = {32, 64, 96, 128};
 
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
+// FP32 on tensor cores in 3xTF32 (bwd_tf32x3.cu): D = 32, 64, 96, 128.
+void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream);
 // variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
 

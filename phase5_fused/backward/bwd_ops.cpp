@@ -1,7 +1,8 @@
 // Phase 5 backward ops (namespace phase5_fused_bwd): validation that names the argument, then the
 // preprocessing (D_i) and the backward kernel on the current CUDA stream.
 //   attention_backward_fp32(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
-//       variant) -> (dq, dk, dv)   float32; bwd_fp32.cu (variant must be 0)
+//       variant) -> (dq, dk, dv)   float32; variant 0: bwd_fp32.cu (FFMA, every head dim), 1:
+//       bwd_tf32x3.cu (3xTF32 tensor cores, D = 32, 64, 96, 128)
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128)
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
@@ -28,10 +29,15 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
                               const c10::optional<at::Tensor>& key_lengths,
                               int64_t variant) {
   const c10::cuda::CUDAGuard guard(q.device());
-  TORCH_CHECK(variant == 0, "variant must be 0 for the FP32 backward (one tile configuration), got ", variant);
+  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 (FFMA) or 1 (3xTF32 tensor cores) for the FP32 "
+              "backward, got ", variant);
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride,
                                                   key_lengths, phase5_bwd::Kernel::kFp32);
-  phase5_bwd::launch_fp32_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  if (variant == 1) {
+    phase5_bwd::launch_tf32x3_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  } else {
+    phase5_bwd::launch_fp32_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  }
   return {prep.dq, prep.dk, prep.dv};
 }
 

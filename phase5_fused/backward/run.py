@@ -17,7 +17,8 @@
    are also timed by calling the backward op directly on the saved out and lse: rows
    phase5_fused_bwd_tc_v0 and _v1; likewise the Hopper kernel's variants (hopper_bwd.cu: 0, dQ
    shared by keys; 1, by columns; autograd runs hopper.BWD_DEFAULT_VARIANT), rows
-   phase5_fused_bwd_hopper_v0 and _v1, on Hopper GPUs.
+   phase5_fused_bwd_hopper_v0 and _v1, on Hopper GPUs; and the FP32 kernels (0: bwd_fp32.cu on
+   FFMA, 1: bwd_tf32x3.cu in 3xTF32), rows phase5_fused_bwd_fp32_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
@@ -59,7 +60,8 @@ IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bw
          ("phase5_fused_bwd", torch.float32, "fp32"), ("sdpa_efficient", torch.float32, "sdpa_efficient")]
 # The kernels whose variants are timed by a direct call: (forward returning lse, backward op).
 VARIANT_CALLS = {"tc": (tensor_cores.attention, backward.attention_backward),
-                 "hopper": (hopper.attention, hopper.attention_backward)}
+                 "hopper": (hopper.attention, hopper.attention_backward),
+                 "fp32": (fp32.attention, backward.attention_backward)}
 
 
 def forward_fn(name):
@@ -88,8 +90,8 @@ def make_inputs(S, D, dtype, seed):
 
 
 def backward_call(forward, leaves, dout, causal, variant):
-    """The timed call: autograd's backward of one saved forward, or, with a variant ("tc" or
-    "hopper", number), that kernel's backward op itself on the saved out and lse."""
+    """The timed call: autograd's backward of one saved forward, or, with a variant ("tc", "hopper"
+    or "fp32", number), that kernel's backward op itself on the saved out and lse."""
     q, k, v = leaves
     if variant is None:
         out = forward(q, k, v, causal)
@@ -144,13 +146,17 @@ def benchmark(seq_lens) -> list[dict]:
             for impl, impl_dtype, fwd in IMPLS:
                 if impl_dtype == dtype:
                     rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, refs))
-            if dtype == torch.float16 and S == VARIANT_S:
+            if S == VARIANT_S and dtype == torch.float32:
+                variants = [("fp32", n) for n in backward.variants_for(dtype, D)]
+            elif S == VARIANT_S:
                 variants = [("tc", n) for n in range(backward.VARIANTS[dtype])]
                 if on_hopper():
                     variants += [("hopper", n) for n in hopper.BWD_VARIANTS]
-                for kernel, number in variants:
-                    rows.append(backward_row(f"phase5_fused_bwd_{kernel}_v{number}", None, leaves, dout, causal, None,
-                                             variant=(kernel, number)))
+            else:
+                variants = []
+            for kernel, number in variants:
+                rows.append(backward_row(f"phase5_fused_bwd_{kernel}_v{number}", None, leaves, dout, causal, None,
+                                         variant=(kernel, number)))
             del leaves, dout, refs
             torch.cuda.empty_cache()
         return [r for r in rows if r is not None]

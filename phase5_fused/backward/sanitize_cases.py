@@ -4,7 +4,8 @@ phase5_fused.backward` (memcheck + racecheck).
 
 Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one
 batch with a key length inside a block and one with none; causal, and the mask path with a fully
-masked row; every tile configuration (variant) of the tensor-core kernel. FP32 head dims: the
+masked row; every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
+at its head dims, the 3xTF32 one; FP16 / BF16: each tile configuration). FP32 head dims: the
 versions' (each its own instance), then each padded tile width at a D 8 below it.
 """
 
@@ -45,7 +46,7 @@ def main() -> int:
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.
                 cpu_kw = {n: x.cpu() if torch.is_tensor(x) else x for n, x in kw.items()}
                 refs = reference.attention_grads(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), **cpu_kw)
-                for variant in range(backward.VARIANTS[dtype]):
+                for variant in backward.variants_for(dtype, D):
                     grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
                     for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
                         assert_close(got, want, dtype=dtype, rel_tol=TOL[dtype],

@@ -173,6 +173,88 @@ def test_fp32_padded_head_dims_masks_padding_stride(D):
     run_case(torch.float32, 2, 2, Sq, Sk, D, is_causal=True, stride=3)
 
 
+CROSS = [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)]
+
+
+def run_tf32x3_case(B, H, Sq, Sk, D, **kwargs):
+    """The FP32 backward's variant 1 (bwd_tf32x3.cu) on the FP32 forward's out and lse, against the
+    float64 reference at the FP32 tolerance."""
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, torch.float32)
+    info = f"{info} {sorted(kwargs)} variant 1"
+    out, lse = fp32.attention(q, k, v, return_lse=True, **kwargs)
+    grads = backward.attention_backward(q, k, v, out, lse, dout, variant=1, **kwargs)
+    _, *refs = reference_grads(q, k, v, dout, **kwargs)
+    check_fp32(grads, refs, info)
+    return grads
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", backward.TF32X3_SUPPORTED_D)
+@pytest.mark.parametrize("S", [1, 17, 127, 1000])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_tf32x3_grid(S, D, causal):
+    run_tf32x3_case(2, 2, S, S, D, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_fp32_tf32x3_long_sums(D):
+    """dK and dV sum over every query block (128 of them here): summed in fresh accumulators per
+    block, they keep the FP32 tolerance where the tensor core's own additions would drift."""
+    run_tf32x3_case(1, 1, 4096, 4096, D)
+
+
+@requires_gpu
+@pytest.mark.parametrize("Sq,Sk", CROSS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_tf32x3_cross_lengths(Sq, Sk, causal):
+    run_tf32x3_case(2, 2, Sq, Sk, 64, is_causal=causal)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp32_tf32x3_masks_padding_stride_scale(kind, causal):
+    """A fully masked row and a batch of no keys give zeros; stride and an explicit scale."""
+    B, H, Sq, Sk, D = 3, 2, 150, 333, 96
+    if kind == "bool":
+        mask = random_bool_mask((B, H, Sq, Sk))
+        mask[..., 5, :] = False
+    else:
+        mask = random_additive_mask((B, 1, Sq, Sk))
+        mask[..., 5, :] = float("-inf")
+    lengths = torch.tensor([Sk, 200, 0], device="cuda")
+    dq, dk, dv = run_tf32x3_case(B, H, Sq, Sk, D, mask=mask, is_causal=causal, key_lengths=lengths)
+    for name, g in (("dq row 5", dq[..., 5, :]), ("dk of padding keys", dk[1, :, 200:]),
+                    ("dv of a batch with no keys", dv[2])):
+        assert torch.equal(g, torch.zeros_like(g)), f"{name} must be zeros"
+    run_tf32x3_case(2, 2, 129, 200, 64, is_causal=causal, stride=3, scale=-0.3)
+
+
+@requires_gpu
+def test_fp32_tf32x3_padding_values_never_reach_gradients():
+    q, k, v, dout, info = make_inputs(2, 2, 90, 150, 64, torch.float32)
+    lengths = torch.tensor([70, 150], device="cuda", dtype=torch.int32)
+    out, lse = fp32.attention(q, k, v, key_lengths=lengths, return_lse=True)
+    expected = backward.attention_backward(q, k, v, out, lse, dout, key_lengths=lengths, variant=1)
+    k[0, :, 70:] = float("nan")
+    v[0, :, 70:] = float("nan")
+    got = backward.attention_backward(q, k, v, out, lse, dout, key_lengths=lengths, variant=1)
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert torch.isfinite(g).all(), f"{name}: padding leaked NaN {info}"
+        assert_close(g, e, dtype=torch.float32, rel_tol=1e-5, what=name, seed_info=info)
+
+
+@requires_gpu
+def test_fp32_tf32x3_head_dims_are_named():
+    q, k, v, dout, _ = make_inputs(1, 1, 16, 16, 80, torch.float32)
+    out, lse = fp32.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"head dim D=80 is not supported by the 3xTF32 backward"):
+        backward.attention_backward(q, k, v, out, lse, dout, variant=1)
+    with pytest.raises(RuntimeError, match=r"head dim D=80 is not supported by the 3xTF32 backward"):
+        backward.load().attention_backward_fp32(q, k, v, out, lse, dout, None, None, False, None, 1, None, 1)
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("D", backward.TC_SUPPORTED_D)
@@ -180,9 +262,6 @@ def test_fp32_padded_head_dims_masks_padding_stride(D):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tc_grid(S, D, dtype, causal):
     run_case(dtype, 2, 2, S, S, D, is_causal=causal)
-
-
-CROSS = [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)]
 
 
 @requires_gpu
