@@ -113,7 +113,7 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
                          f"{TF32X3_SUPPORTED_D}): use variant 0")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
-    if q.dtype != torch.float32:
+    if q.dtype != torch.float32 or variant == 1:  # 16-byte cp.async loads
         q, k, v, dout = _aligned(q), _aligned(k), _aligned(v), _aligned(dout)
     op = getattr(load(), OPS[q.dtype])
     return op(q, k, v, out, lse, dout, dlse, mask, is_causal, None if scale is None else float(scale),

@@ -45,6 +45,7 @@ def _backward(ctx, grad_out, grad_lse, op_name):
                            "phase5_fused.fp32.attention, which asks for it when an input requires grad")
     dout = torch.zeros_like(out) if grad_out is None else _aligned(grad_out.contiguous())
     dlse = None if grad_lse is None else grad_lse.contiguous()
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)  # the tensor-core kernels' 16-byte loads
     dq, dk, dv = getattr(load(), op_name)(q, k, v, out, lse, dout, dlse, mask, ctx.is_causal, ctx.scale,
                                           ctx.stride, key_lengths, default_variant(q.dtype, q.shape[-1]))
     return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)

@@ -48,7 +48,8 @@ constexpr int kTcSupportedD[] = {32, 64, 96, 128};
 
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
-// FP32 on tensor cores in 3xTF32 (bwd_tf32x3.cu): D = 32, 64, 96, 128.
+// FP32 on tensor cores in 3xTF32 (bwd_tf32x3.cu), at the head dims of its instances.
+constexpr int kTf32x3SupportedD[] = {32, 64, 96, 128};
 void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream);
 // variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);

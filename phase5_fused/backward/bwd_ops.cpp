@@ -31,8 +31,9 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 (FFMA) or 1 (3xTF32 tensor cores) for the FP32 "
               "backward, got ", variant);
-  phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride,
-                                                  key_lengths, phase5_bwd::Kernel::kFp32);
+  phase5_bwd::Prepared prep =
+      phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
+                          variant == 1 ? phase5_bwd::Kernel::kFp32TensorCores : phase5_bwd::Kernel::kFp32);
   if (variant == 1) {
     phase5_bwd::launch_tf32x3_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
   } else {

@@ -49,7 +49,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
                  int64_t stride, const c10::optional<at::Tensor>& key_lengths, Kernel kernel,
                  int64_t dq_row_multiple) {
-  const bool tc = kernel != Kernel::kFp32;
+  const bool tc = kernel == Kernel::kTensorCores || kernel == Kernel::kHopper;  // FP16 / BF16
   at::ScalarType dtype = at::kFloat;
   if (tc) {
     dtype = q.scalar_type();
@@ -64,6 +64,10 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
     TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
   }
+  if (kernel == Kernel::kFp32TensorCores) {
+    TORCH_CHECK(listed(kTf32x3SupportedD, s.D), "q: head dim D=", s.D,
+                " is not supported by the 3xTF32 backward (variant 1 takes 32, 64, 96, 128): use variant 0");
+  }
   if (tc) {
     TORCH_CHECK(stride == 1, "stride must be 1 for the tensor-core backward, got ", stride);
   } else {
@@ -76,7 +80,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const std::vector<int64_t> rows{s.B, s.H, s.Sq};
   check_like(lse, "lse", q, at::kFloat, rows);
   if (dlse.has_value() && dlse->defined()) check_like(*dlse, "dlse", q, at::kFloat, rows);
-  if (tc) {
+  if (kernel != Kernel::kFp32) {
     check_aligned(q, "q");
     check_aligned(k, "k");
     check_aligned(v, "v");

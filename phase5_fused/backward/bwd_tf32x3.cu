@@ -121,9 +121,9 @@ __device__ __forceinline__ void add_to_global(float* dst, float4 v) {
 #endif
 }
 
-// acc (pairs of n-tiles of a 16-row x 8P-column product, k = 8 kSteps rows of a swizzled tile) =
-// A B, A given per k8 step as split fragments, B read by load2 from rows kRow0 + 8s + 2t (+1).
-// Fresh accumulators, the big products and the cross terms apart (idea 3); the caller adds them.
+// acc = A B for the pair p of n8 tiles (16 rows x head columns 16p..16p+15, idea 1), k = the first
+// 8 kSteps rows of a swizzled tile: A given per k8 step as split fragments, B read by load2 from rows
+// 8s + 2t and 8s + 2t + 1. Fresh accumulators (idea 3): the caller adds them to its sums.
 template <int D, int kSteps>
 __device__ __forceinline__ void multiply_pair(float (&acc)[2][4], const uint32_t (&a_big)[kSteps][4],
                                               const uint32_t (&a_small)[kSteps][4], const float* tile, int p,
@@ -444,8 +444,7 @@ void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream) {
     case 64: return launch_for_mask<64>(p, device, stream);
     case 96: return launch_for_mask<96>(p, device, stream);
     case 128: return launch_for_mask<128>(p, device, stream);
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the 3xTF32 backward (variant 1 takes ",
-                         "32, 64, 96, 128): use variant 0");
+    default: TORCH_CHECK(false, "q: head dim D=", D, " has no instance in the 3xTF32 backward (kTf32x3SupportedD)");
   }
 }
 
