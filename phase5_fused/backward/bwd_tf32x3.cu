@@ -5,14 +5,14 @@
 //
 // One thread block of 4 warps per (key block j of Bc = 64 keys, batch*head); warp w owns the 16
 // keys 16w..16w+15 and keeps their dK, dV (16 x D, FP32) in registers for the whole loop. Per query
-// block i (Br = 32 rows):
+// block i (Br = 32 rows; 16 at D = 128, Tf32Tile):
 //   S^T  = K_w Q_i^T       mma m16n8k8 in 3xTF32, k = head dim
 //   dP^T = V_w dO_i^T      likewise
 //   P^T  = 2^(S^T c + bias log2 e - L_i log2 e),  dS^T = P^T (dP^T - D_i)   on the accumulators
 //   dV_w += P^T dO_i       P^T's accumulators are the A operand as they stand (split big + small)
 //   dK_w += dS^T Q_i       likewise dS^T
 //   dS -> shared memory;   barrier
-//   dQ_i += dS K_j         each warp a 16-row x D/2 slice, added to the FP32 dQ with atomics
+//   dQ_i += dS K_j         each warp a 16-row slice of some columns, added to the FP32 dQ with atomics
 //
 // What changes against bwd_tc.cu (the ideas of fused_v6_tf32x3.cu, applied to five products):
 //   1. No ldmatrix: it moves 16-bit elements. Each thread loads its FP32 operands itself, in an
@@ -35,7 +35,7 @@
 //      products in one, the cross terms in another), then dK, dV += that with one FADD.
 //   4. One stage of Q_i, dO_i: FP32 tiles are twice bwd_tc.cu's bytes. The next block's tiles are
 //      requested as soon as every warp is done with them (after step 3), so they land during
-//      step 5 (dQ and its atomics); two blocks per SM (three at D <= 64) hide the rest.
+//      step 5 (dQ and its atomics); two blocks per SM hide the rest.
 // Instances: D = 32, 64, 96, 128 (the swizzle needs rows of a multiple of 32 floats). Masks,
 // causal, stride, key padding: the FP32 forward's semantics, through the same per-score test.
 #include <c10/cuda/CUDAException.h>
@@ -58,15 +58,17 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4, kThreads = kWarps * course::kWarpSize;
 constexpr int kBc = 16 * kWarps;  // keys per block: 16 per warp
-constexpr int kBr = 32;           // query rows per step
 constexpr int kLdS = kBc + 8;     // pitch of dS rows (floats): the dQ step's float2 loads are conflict free
 
+// Br query rows per step: 32, or 16 at D = 128, where the warp's dK and dV alone take 128 registers
+// and S^T, dP^T of 32 queries would take 32 more.
 template <int D_>
 struct Tf32Tile {
   static constexpr int D = D_;
+  static constexpr int Br = D <= 96 ? 32 : 16;
   static constexpr int kMinBlocks = 2;
   // K_j, V_j; Q_i, dO_i; dS (queries x keys); L_i, D_i.
-  static constexpr int kSmemFloats = 2 * kBc * D + 2 * kBr * D + kBr * kLdS + 2 * kBr;
+  static constexpr int kSmemFloats = 2 * kBc * D + 2 * Br * D + Br * kLdS + 2 * Br;
   static constexpr int kSmemBytes = kSmemFloats * 4;
   static_assert(D % 32 == 0, "the swizzle needs rows of a multiple of 32 floats (8 chunks)");
   static_assert(kSmemBytes * kMinBlocks <= 227 * 1024, "kMinBlocks blocks must fit an SM's shared memory");
@@ -205,11 +207,12 @@ __device__ __forceinline__ void accumulate_product(float (&dx)[kPairs][2][4], co
 
 template <typename Cfg, bool kHasMask>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_kernel(const BwdParams p) {
-  constexpr int D = Cfg::D;
-  constexpr int kN = kBr / 8;        // n8 tiles of S^T (queries); k8 steps of dV, dK
-  constexpr int kPairs = D / 16;     // pairs of n8 tiles of dK, dV (head dim)
-  constexpr int kDqPairs = kPairs / 2;  // a warp's pairs of dQ: half of D
-  static_assert(kBr == 2 * 16 && kWarps == 4, "dQ_i: 2 row groups of 16 x 2 halves of D over the warps");
+  constexpr int D = Cfg::D, kBr = Cfg::Br;
+  constexpr int kN = kBr / 8;       // n8 tiles of S^T (queries); k8 steps of dV, dK
+  constexpr int kPairs = D / 16;    // pairs of n8 tiles of dK, dV (head dim)
+  // dQ_i over the warps: kRowGroups groups of 16 rows x kColGroups slices of kDqPairs column pairs.
+  constexpr int kRowGroups = kBr / 16, kColGroups = kWarps / kRowGroups, kDqPairs = kPairs / kColGroups;
+  static_assert(kWarps % kRowGroups == 0 && kPairs % kColGroups == 0, "dQ_i splits evenly over the warps");
 
   extern __shared__ float4 smem_f4[];
   float* sK = reinterpret_cast<float*>(smem_f4);  // [Bc][D]   swizzled
@@ -346,11 +349,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
     // Idea 4: the next query block's tiles, landing while dQ and its atomics run.
     if (step + 1 < n_steps) load_query_block(qb_first + step + 1);
 
-    // Step 5: dQ_i += scale dS K_j for this warp's 16 query rows (row group warp % 2) and half of
-    // the head columns (warp / 2), k = keys: slot t of k8 step s reads key 8s + 2t, slot t + 4 key
-    // 8s + 2t + 1 (idea 1), dS by float2 and K_j by load2.
+    // Step 5: dQ_i += scale dS K_j for this warp's 16 query rows (row group warp % kRowGroups) and
+    // column pairs (slice warp / kRowGroups), k = keys: slot t of k8 step s reads key 8s + 2t, slot
+    // t + 4 key 8s + 2t + 1 (idea 1), dS by float2 and K_j by load2.
     {
-      const int r0 = 16 * (warp % 2), half = warp / 2;
+      const int r0 = 16 * (warp % kRowGroups), slice = warp / kRowGroups;
       float acc[kDqPairs][2][4];
 #pragma unroll
       for (int pq = 0; pq < kDqPairs; ++pq)
@@ -368,8 +371,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
         course::split_fragment(a, a_big, a_small);
 #pragma unroll
         for (int pq = 0; pq < kDqPairs; ++pq) {
-          const float2 b0 = load2<D>(sK, 8 * st + 2 * t, half * kDqPairs + pq, g);
-          const float2 b1 = load2<D>(sK, 8 * st + 2 * t + 1, half * kDqPairs + pq, g);
+          const float2 b0 = load2<D>(sK, 8 * st + 2 * t, slice * kDqPairs + pq, g);
+          const float2 b1 = load2<D>(sK, 8 * st + 2 * t + 1, slice * kDqPairs + pq, g);
           course::mma_1688_3xtf32(acc[pq][0], a_big, a_small, course::split_tf32(b0.x), course::split_tf32(b1.x));
           course::mma_1688_3xtf32(acc[pq][1], a_big, a_small, course::split_tf32(b0.y), course::split_tf32(b1.y));
         }
@@ -382,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
         if (row >= p.Sq) continue;
 #pragma unroll
         for (int pq = 0; pq < kDqPairs; ++pq) {
-          const int pr = half * kDqPairs + pq;
+          const int pr = slice * kDqPairs + pq;
           add_to_global(dQ + row * D + 16 * pr + 4 * t,
                         make_float4(p.scale * acc[pq][0][2 * r], p.scale * acc[pq][1][2 * r],
                                     p.scale * acc[pq][0][2 * r + 1], p.scale * acc[pq][1][2 * r + 1]));
