@@ -32,6 +32,7 @@
 #include "../tensor_cores/tc_mma.cuh"
 #include "bwd.h"
 #include "common.cuh"
+#include "bwd_key_block.cuh"
 #include "cp_async.cuh"
 
 namespace phase5_bwd {
@@ -142,26 +143,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
   const int warp = tid / course::kWarpSize;
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (tc_mma.cuh)
-  // Block x: key block x % n_kblocks of head x / n_kblocks. The key blocks of one head run side by
-  // side, so the Q, dO and dQ rows they all read and add to stay in L2 (FlashAttention-2's order).
-  const int64_t n_kblocks = course::ceil_div<int64_t>(p.Sk, kBc);
-  const int64_t bh = blockIdx.x / n_kblocks;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x % n_kblocks) * kBc;  // first key of the block
-  const int64_t b = bh / p.H, h = bh % p.H;
-  const T* Q = static_cast<const T*>(p.q) + bh * p.Sq * D;
-  const T* K = static_cast<const T*>(p.k) + bh * p.Sk * D;
-  const T* V = static_cast<const T*>(p.v) + bh * p.Sk * D;
-  const T* dO = static_cast<const T*>(p.dout) + bh * p.Sq * D;
-  const float* lse = p.lse + bh * p.Sq;
-  const float* delta = p.delta + bh * p.Sq;
-  float* dQ = p.dq + bh * p.Sq * D;
+  // The block's keys, its query blocks and its head's rows (bwd_key_block.cuh).
+  const KeyBlock<T> w = key_block<T, D, kBc, kBr>(p);
+  const int64_t bh = w.bh, b = w.b, h = w.h, k0 = w.k0, kv_len = w.kv_len, qb_first = w.qb_first;
+  const int64_t n_steps = w.n_steps;
+  const T *Q = w.Q, *K = w.K, *V = w.V, *dO = w.dO;
+  const float *lse = w.lse, *delta = w.delta;
+  float* dQ = w.dQ;
   const bool causal = p.masking.causal;
-  const int64_t kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
-
-  // The query blocks that see this block's keys: from the diagonal on (causal), none for a block
-  // of padding keys.
-  const int64_t qb_first = causal ? k0 / kBr : 0;
-  const int64_t n_steps = k0 < kv_len ? course::ceil_div<int64_t>(p.Sq, kBr) - qb_first : 0;
 
   // L_i (in log2 units) or D_i of one query row of block qb, for the thread that stages it.
   auto row_stat = [&](int64_t qb) {

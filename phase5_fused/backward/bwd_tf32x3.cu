@@ -48,6 +48,7 @@
 
 #include "bwd.h"
 #include "common.cuh"
+#include "bwd_key_block.cuh"
 #include "cp_async.cuh"
 #include "shared_memory_opt_in.h"
 #include "tf32x3.cuh"
@@ -227,26 +228,14 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
   const int warp = tid / course::kWarpSize;
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and k slot (tf32x3.cuh)
-  // Block x: key block x % n_kblocks of head x / n_kblocks (bwd_tc.cu's order: a head's key blocks
-  // run side by side, and the Q, dO and dQ rows they share stay in L2).
-  const int64_t n_kblocks = course::ceil_div<int64_t>(p.Sk, kBc);
-  const int64_t bh = blockIdx.x / n_kblocks;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x % n_kblocks) * kBc;
-  const int64_t b = bh / p.H, h = bh % p.H;
-  const float* Q = static_cast<const float*>(p.q) + bh * p.Sq * D;
-  const float* K = static_cast<const float*>(p.k) + bh * p.Sk * D;
-  const float* V = static_cast<const float*>(p.v) + bh * p.Sk * D;
-  const float* dO = static_cast<const float*>(p.dout) + bh * p.Sq * D;
-  const float* lse = p.lse + bh * p.Sq;
-  const float* delta = p.delta + bh * p.Sq;
-  float* dQ = p.dq + bh * p.Sq * D;
+  // The block's keys, its query blocks and its head's rows (bwd_key_block.cuh).
+  const KeyBlock<float> w = key_block<float, D, kBc, kBr>(p);
+  const int64_t bh = w.bh, b = w.b, h = w.h, k0 = w.k0, kv_len = w.kv_len, qb_first = w.qb_first;
+  const int64_t n_steps = w.n_steps;
+  const float *Q = w.Q, *K = w.K, *V = w.V, *dO = w.dO;
+  const float *lse = w.lse, *delta = w.delta;
+  float* dQ = w.dQ;
   const bool causal = p.masking.causal;
-  const int64_t kv_len = p.key_lengths != nullptr ? p.key_lengths[b] : p.Sk;
-
-  // The query blocks that see this block's keys: from the diagonal on (causal), none for a block
-  // of padding keys.
-  const int64_t qb_first = causal ? k0 / kBr : 0;
-  const int64_t n_steps = k0 < kv_len ? course::ceil_div<int64_t>(p.Sq, kBr) - qb_first : 0;
 
   // Q_i, dO_i (rows past Sq zero-filled) and L_i log2(e), D_i of query block qb (rows past Sq:
   // L = -inf, which hides them).

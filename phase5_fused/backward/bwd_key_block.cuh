@@ -1,0 +1,49 @@
+// What one thread block of a key-block backward kernel (bwd_tc.cu, bwd_tf32x3.cu) works on: block x
+// takes key block x % n_kblocks of head x / n_kblocks (a head's key blocks run side by side, so the
+// Q, dO and dQ rows they all read and add to stay in L2: FlashAttention-2's order), and the query
+// blocks of kBr rows that see its keys: from the diagonal on (causal), none for a block of padding
+// keys.
+#pragma once
+
+#include <cstdint>
+
+#include "bwd.h"
+#include "common.cuh"
+
+namespace phase5_bwd {
+
+// T: the inputs' element type; D: the head dim (rows of D elements, contiguous).
+template <typename T>
+struct KeyBlock {
+  int64_t bh, b, h;   // (batch, head) pair and its parts
+  int64_t k0;         // first key of the block
+  int64_t kv_len;     // valid keys of the batch (key padding)
+  int64_t qb_first;   // first query block that sees a key of the block
+  int64_t n_steps;    // query blocks to walk
+  const T *Q, *K, *V, *dO;   // the head's rows
+  const float *lse, *delta;  // the head's L_i and D_i
+  float* dQ;                 // the head's FP32 dQ accumulator
+};
+
+template <typename T, int D, int kBc, int kBr>
+__device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
+  KeyBlock<T> w;
+  const int64_t n_kblocks = course::ceil_div<int64_t>(p.Sk, kBc);
+  w.bh = blockIdx.x / n_kblocks;
+  w.k0 = static_cast<int64_t>(blockIdx.x % n_kblocks) * kBc;
+  w.b = w.bh / p.H;
+  w.h = w.bh % p.H;
+  w.kv_len = p.key_lengths != nullptr ? p.key_lengths[w.b] : p.Sk;
+  w.qb_first = p.masking.causal ? w.k0 / kBr : 0;
+  w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(p.Sq, kBr) - w.qb_first : 0;
+  w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * D;
+  w.K = static_cast<const T*>(p.k) + w.bh * p.Sk * D;
+  w.V = static_cast<const T*>(p.v) + w.bh * p.Sk * D;
+  w.dO = static_cast<const T*>(p.dout) + w.bh * p.Sq * D;
+  w.lse = p.lse + w.bh * p.Sq;
+  w.delta = p.delta + w.bh * p.Sq;
+  w.dQ = p.dq + w.bh * p.Sq * D;
+  return w;
+}
+
+}  // namespace phase5_bwd
