@@ -40,9 +40,10 @@ TC_SUPPORTED_D = (32, 64, 96, 128)
 # Bc = 128) of each dtype.
 VARIANTS = {torch.float32: 2, torch.float16: 2, torch.bfloat16: 2}
 TF32X3_SUPPORTED_D = (32, 64, 96, 128)
-# The tensor-core variant autograd runs, per head dim: 1 where the variants table measured it faster
-# than 0 (D = 64 and 128, causal and not); 0 at the head dims it has not been measured at.
-TC_DEFAULT_VARIANT = {64: 1, 128: 1}
+# The variant autograd runs, per dtype and head dim: 1 where the variants tables measured it faster
+# than 0 (D = 64 and 128, causal and not: FP16 and BF16's 8 warps, FP32's 3xTF32 kernel); 0 at the
+# head dims they have not been measured at.
+DEFAULT_VARIANT = {64: 1, 128: 1}
 # The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
 OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",
        torch.bfloat16: "attention_backward_tc"}
@@ -79,9 +80,9 @@ def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
     return tuple(n for n in range(VARIANTS[dtype]) if dtype != torch.float32 or n == 0 or D in TF32X3_SUPPORTED_D)
 
 
-def default_variant(dtype: torch.dtype, D: int) -> int:
-    """The tile configuration autograd runs for this dtype and head dim (TC_DEFAULT_VARIANT)."""
-    return 0 if dtype == torch.float32 else TC_DEFAULT_VARIANT.get(int(D), 0)  # int(): D may be symbolic
+def default_variant(D: int) -> int:
+    """The variant autograd runs at head dim D, whatever the dtype (DEFAULT_VARIANT)."""
+    return DEFAULT_VARIANT.get(int(D), 0)  # int(): D may be symbolic
 
 
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
@@ -105,7 +106,7 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
     if q.dtype != torch.float32 and stride not in (None, 1):
         raise ValueError(f"stride is supported in float32 only (the tensor-core forward has none), got {stride!r}")
     if variant is None:
-        variant = default_variant(q.dtype, D)
+        variant = default_variant(D)
     if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
     if variant not in variants_for(q.dtype, D):

@@ -81,6 +81,20 @@ def test_reference_grads_pass_gradcheck():
 # Helpers
 
 
+def test_cancelling_terms_bound_the_gradients():
+    """cancelling_terms bounds |dq| and |dk| element by element, and at Sk = 1 the reference's dq and
+    dk are exactly zero while the terms are not (CPU)."""
+    gen = torch.Generator().manual_seed(new_seed())
+    for Sk in (1, 13):
+        q, dout = (torch.randn(2, 2, 9, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+        k, v = (torch.randn(2, 2, Sk, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+        dq, dk, _ = reference.attention_grads(q, k, v, dout, is_causal=True, scale=-0.7)
+        dq_terms, dk_terms = cancelling_terms(q, k, v, dout, is_causal=True, scale=-0.7)
+        assert (dq.abs() <= dq_terms + 1e-12).all() and (dk.abs() <= dk_terms + 1e-12).all()
+        if Sk == 1:
+            assert not dq.any() and not dk.any() and dq_terms.any() and dk_terms.any()
+
+
 def make_inputs(B, H, Sq, Sk, D, dtype, scale=1.0):
     seed = new_seed()
     q = randn(B, H, Sq, D, dtype=dtype, scale=scale, seed=seed)
@@ -112,9 +126,24 @@ def sdpa_grads(q, k, v, dout, mask=None, is_causal=False, scale=None, key_length
     return [t.grad.nan_to_num(0.0) for t in leaves]
 
 
-def check_fp32(grads, refs, info):
-    for name, got, want in zip(("dq", "dk", "dv"), grads, refs):
-        assert_close(got, want, dtype=torch.float32, rel_tol=FP32_TOL, what=name, seed_info=info)
+def cancelling_terms(q, k, v, dout, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None):
+    """The sizes of the terms whose differences make dq and dk, in float64: with T = P * (|dO| |V|^T
+    + |D_i|), c T |K| and c T^T |Q| (dS = P * (dP - D_i) and |dP - D_i| <= T / P). Where the terms
+    cancel exactly (Sk = 1: P = 1, O = v, so dP = D_i and dq = dk = 0), FP32's rounding of dP - D_i
+    is all that is left, and it is measured against them, as assert_close's ref_scale does for a product."""
+    q64, k64, v64, do64 = (t.detach().to(torch.float64) for t in (q, k, v, dout))
+    B, H, Sq, D = q.shape
+    c = 1.0 / math.sqrt(D) if scale is None else scale
+    bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, stride, key_lengths, q.device)
+    p = reference.softmax(c * q64 @ k64.mT + bias)
+    d_i = (do64 * (p @ v64)).sum(-1, keepdim=True)
+    t = p * (do64.abs() @ v64.abs().mT + d_i.abs())
+    return abs(c) * t @ k64.abs(), abs(c) * t.mT @ q64.abs()
+
+
+def check_fp32(grads, refs, info, scales=(None, None, None)):
+    for name, got, want, scale in zip(("dq", "dk", "dv"), grads, refs, scales):
+        assert_close(got, want, dtype=torch.float32, rel_tol=FP32_TOL, what=name, seed_info=info, ref_scale=scale)
 
 
 def check_tc(grads, refs, peers, info):
@@ -124,6 +153,12 @@ def check_tc(grads, refs, peers, info):
         assert err <= 2 * peer_err + SDPA_FLOOR, f"{name}: rel error {err:.3e} > 2 x SDPA's {peer_err:.3e} {info}"
 
 
+def fp32_scales(q, k, v, dout, Sk, **kwargs):
+    """assert_close's ref_scale for dq, dk, dv in FP32: the cancelling terms where dq and dk are
+    exactly zero (Sk = 1), the references themselves otherwise."""
+    return (*cancelling_terms(q, k, v, dout, **kwargs), None) if Sk == 1 else (None, None, None)
+
+
 def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
     """One shape and mask setting through the forward's autograd, checked against the reference."""
     q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
@@ -131,7 +166,7 @@ def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
     _, *refs = reference_grads(q, k, v, dout, **kwargs)
     if dtype == torch.float32:
         grads = autograd_grads(fp32, q, k, v, dout, **kwargs)
-        check_fp32(grads, refs, info)
+        check_fp32(grads, refs, info, fp32_scales(q, k, v, dout, Sk, **kwargs))
     else:
         grads = autograd_grads(tc, q, k, v, dout, **kwargs)
         check_tc(grads, refs, sdpa_grads(q, k, v, dout, **kwargs), info)
@@ -176,24 +211,25 @@ def test_fp32_padded_head_dims_masks_padding_stride(D):
 CROSS = [(1, 300), (300, 1), (77, 1000), (1000, 77), (130, 64), (64, 130)]
 
 
-def run_tf32x3_case(B, H, Sq, Sk, D, **kwargs):
-    """The FP32 backward's variant 1 (bwd_tf32x3.cu) on the FP32 forward's out and lse, against the
-    float64 reference at the FP32 tolerance."""
+def run_variant_case(variant, B, H, Sq, Sk, D, **kwargs):
+    """One FP32 kernel (variant 0: bwd_fp32.cu, 1: bwd_tf32x3.cu) on the FP32 forward's out and lse,
+    called directly whichever autograd runs at D, against the float64 reference at the FP32 tolerance."""
     q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, torch.float32)
-    info = f"{info} {sorted(kwargs)} variant 1"
+    info = f"{info} {sorted(kwargs)} variant {variant}"
     out, lse = fp32.attention(q, k, v, return_lse=True, **kwargs)
-    grads = backward.attention_backward(q, k, v, out, lse, dout, variant=1, **kwargs)
+    grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kwargs)
     _, *refs = reference_grads(q, k, v, dout, **kwargs)
-    check_fp32(grads, refs, info)
+    check_fp32(grads, refs, info, fp32_scales(q, k, v, dout, Sk, **kwargs))
     return grads
 
 
 @requires_gpu
+@pytest.mark.parametrize("variant", [0, 1])
 @pytest.mark.parametrize("D", backward.TF32X3_SUPPORTED_D)
 @pytest.mark.parametrize("S", [1, 17, 127, 1000])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fp32_tf32x3_grid(S, D, causal):
-    run_tf32x3_case(2, 2, S, S, D, is_causal=causal)
+def test_fp32_variants_grid(variant, S, D, causal):
+    run_variant_case(variant, 2, 2, S, S, D, is_causal=causal)
 
 
 @requires_gpu
@@ -201,20 +237,22 @@ def test_fp32_tf32x3_grid(S, D, causal):
 def test_fp32_tf32x3_long_sums(D):
     """dK and dV sum over every query block (128 of them here): summed in fresh accumulators per
     block, they keep the FP32 tolerance where the tensor core's own additions would drift."""
-    run_tf32x3_case(1, 1, 4096, 4096, D)
+    run_variant_case(1, 1, 1, 4096, 4096, D)
 
 
 @requires_gpu
+@pytest.mark.parametrize("variant", [0, 1])
 @pytest.mark.parametrize("Sq,Sk", CROSS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fp32_tf32x3_cross_lengths(Sq, Sk, causal):
-    run_tf32x3_case(2, 2, Sq, Sk, 64, is_causal=causal)
+def test_fp32_variants_cross_lengths(variant, Sq, Sk, causal):
+    run_variant_case(variant, 2, 2, Sq, Sk, 64, is_causal=causal)
 
 
 @requires_gpu
+@pytest.mark.parametrize("variant", [0, 1])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fp32_tf32x3_masks_padding_stride_scale(kind, causal):
+def test_fp32_variants_masks_padding_stride_scale(variant, kind, causal):
     """A fully masked row and a batch of no keys give zeros; stride and an explicit scale."""
     B, H, Sq, Sk, D = 3, 2, 150, 333, 96
     if kind == "bool":
@@ -224,11 +262,11 @@ def test_fp32_tf32x3_masks_padding_stride_scale(kind, causal):
         mask = random_additive_mask((B, 1, Sq, Sk))
         mask[..., 5, :] = float("-inf")
     lengths = torch.tensor([Sk, 200, 0], device="cuda")
-    dq, dk, dv = run_tf32x3_case(B, H, Sq, Sk, D, mask=mask, is_causal=causal, key_lengths=lengths)
+    dq, dk, dv = run_variant_case(variant, B, H, Sq, Sk, D, mask=mask, is_causal=causal, key_lengths=lengths)
     for name, g in (("dq row 5", dq[..., 5, :]), ("dk of padding keys", dk[1, :, 200:]),
                     ("dv of a batch with no keys", dv[2])):
         assert torch.equal(g, torch.zeros_like(g)), f"{name} must be zeros"
-    run_tf32x3_case(2, 2, 129, 200, 64, is_causal=causal, stride=3, scale=-0.3)
+    run_variant_case(variant, 2, 2, 129, 200, 64, is_causal=causal, stride=3, scale=-0.3)
 
 
 @requires_gpu
