@@ -31,6 +31,7 @@ written to results/quick/metrics.json, not rendered. About 2 minutes on an H100.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -52,7 +53,12 @@ NCU_S = 4096
 PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("sdpa_flash", 64),
                  ("sdpa_flash", 128), ("phase5_fused_bwd", 64), ("sdpa_efficient", 64),
                  ("phase5_fused_bwd_hopper", 64), ("phase5_fused_bwd_hopper", 128)]
-NCU_REGEX = "tc_backward_kernel|flash_bwd_dq_dk_dv|fp32_backward_kernel|fmha_cutlassB|hopper_bwd_kernel"
+# The main kernel each impl's backward launches (FP32: variant 1, 3xTF32, at D = 64 and 128, the
+# default): ncu profiles these, and each record is checked against its call's before it is labelled.
+MAIN_KERNEL = {"phase5_fused_bwd_tc": "tc_backward_kernel", "sdpa_flash": "flash_bwd_dq_dk_dv",
+               "phase5_fused_bwd": "fp32_backward_kernel|tf32x3_backward_kernel", "sdpa_efficient": "fmha_cutlassB",
+               "phase5_fused_bwd_hopper": "hopper_bwd_kernel"}
+NCU_REGEX = "|".join(MAIN_KERNEL.values())
 BACKWARD_FLOP_FACTOR = 2.5
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
 IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"),
@@ -200,6 +206,10 @@ def run_ncu() -> dict:
         return {"ncu_unavailable": str(exc)}
     labelled = {}
     for (impl, D), record in zip(calls, records):  # records come back in launch order
+        if not re.search(MAIN_KERNEL[impl], record["kernel"]):
+            reason = f"{impl} at D={D} was matched with {record['kernel'][:80]}: a kernel name is missing from NCU_REGEX"
+            print(f"ncu: {reason}", flush=True)
+            return {"ncu_unavailable": reason}
         labelled[f"{impl}_D{D}"] = record
     print(f"ncu: {len(records)} kernels profiled ({', '.join(labelled)})", flush=True)
     return {"shape": {"B": B, "H": H, "S": NCU_S, "causal": False}, "kernels": labelled}

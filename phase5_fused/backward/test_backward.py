@@ -568,7 +568,7 @@ def test_bad_inputs_named():
         h = [t.half() for t in (q, k, v, out, dout)]
         backward.attention_backward(h[0], h[1], h[2], h[3], lse, h[4], stride=2)
     with pytest.raises(ValueError, match="variant must be in"):
-        backward.attention_backward(q, k, v, out, lse, dout, variant=1)
+        backward.attention_backward(q, k, v, out, lse, dout, variant=2)
     with pytest.raises(ValueError, match="mask"):
         backward.attention_backward(q, k, v, out, lse, dout, mask=torch.ones(3, 16, 24, dtype=torch.bool,
                                                                                  device="cuda"))
@@ -598,8 +598,8 @@ def test_op_checks_name_the_argument():
         ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
     with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
         ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
-    with pytest.raises(RuntimeError, match="variant must be 0"):
-        ops.attention_backward_fp32(q, k, v, out, lse, dout, *args, 1)
+    with pytest.raises(RuntimeError, match=r"variant must be 0 \(FFMA\) or 1"):
+        ops.attention_backward_fp32(q, k, v, out, lse, dout, *args, 2)
     with pytest.raises(RuntimeError, match="variant must be 0 or 1"):
         ops.attention_backward_tc(*(t.half() for t in (q, k, v, out)), lse, dout.half(), *args, 2)
 
