@@ -79,7 +79,7 @@ def op_call(mode: str, q, k, v):
 
     scale = 1.0 / math.sqrt(q.shape[-1])
     if mode == "fused_hopper":
-        op = hopper.load().attention
+        op = hopper.load().attention_inference
         version = hopper.VERSIONS.index(hopper.DEFAULT_VERSION) + 1
         return lambda: op(q, k, v, False, scale, None, False, version)[0]
     if mode == "fused_tc":

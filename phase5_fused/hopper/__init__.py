@@ -58,7 +58,6 @@ HOPPER = (9, 0)
 def _register_fakes() -> None:
     """Meta implementation, so torch.compile can trace the op without running it."""
 
-    @torch.library.register_fake(f"{NAME}::attention")
     def _attention_fake(q, k, v, is_causal, scale, key_lengths, return_lse, version):
         B, H, Sq, D = q.shape
         lse = q.new_empty((B, H, Sq) if return_lse else (0,), dtype=torch.float32)
@@ -66,6 +65,9 @@ def _register_fakes() -> None:
         if q.stride(1) < q.stride(2):
             return q.new_empty((B, Sq, H, D)).transpose(1, 2), lse
         return q.new_empty((B, H, Sq, D)), lse
+
+    for name in ("attention", "attention_inference"):
+        torch.library.register_fake(f"{NAME}::{name}")(_attention_fake)
 
     @torch.library.register_fake(f"{NAME}::attention_backward")
     def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant):
@@ -132,8 +134,8 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
             # (the GPU is asked before load(): the extension is built for Hopper only)
             if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER \
                     and not records_grad(q, k, v):
-                out, lse = load().attention(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None
-                                            else scale, key_lengths, return_lse, number)
+                out, lse = load().attention_inference(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1])
+                                                      if scale is None else scale, key_lengths, return_lse, number)
                 return (out, lse) if return_lse else out
         except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
             pass
@@ -157,9 +159,11 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     if needs_grad and k.shape[1] != H:
         raise ValueError(f"grouped-query heads (H={H}, H_kv={k.shape[1]}): the Hopper backward takes one K/V "
                          "head per query head, and an input requires grad; run under torch.no_grad()")
-    # The backward needs the logsumexp: asked for whenever autograd records the call.
-    out, lse = load().attention(q, k, v, is_causal, float(scale), key_lengths, return_lse or needs_grad,
-                                VERSION_NUMBERS[version])
+    # The backward needs the logsumexp: asked for whenever autograd records the call (through the op
+    # that carries the autograd formula; attention_inference otherwise).
+    ops = load()
+    op = ops.attention if needs_grad else ops.attention_inference
+    out, lse = op(q, k, v, is_causal, float(scale), key_lengths, return_lse or needs_grad, VERSION_NUMBERS[version])
     return (out, lse) if return_lse else out
 
 

@@ -2,6 +2,7 @@
 // the argument, the TMA tensor maps, then the launch on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
 //       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 7 (hopper_v*.cu).
+//   attention_inference(...)   the same op without an autograd formula
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
 //       one K/V head per query head; q, k, v, dout in any layout TMA reads (check_tma_layout) and out
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "../backward/bwd_prepare.h"
@@ -215,13 +217,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 }  // namespace
 
 TORCH_LIBRARY(phase5_fused_hopper, m) {
-  m.def("attention(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, Tensor? key_lengths, "
-        "bool return_lse, int version) -> (Tensor, Tensor)");
+  // The forward twice: attention is differentiable (its autograd formula, registered in Python, runs
+  // on every call), attention_inference has none, so a call that records no gradient reaches the
+  // kernel without a trip through Python.
+  for (const char* name : {"attention", "attention_inference"}) {
+    const std::string schema = std::string(name) +
+        "(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, Tensor? key_lengths, "
+        "bool return_lse, int version) -> (Tensor, Tensor)";
+    m.def(schema.c_str());
+  }
   m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, "
         "bool is_causal, float? scale, Tensor? key_lengths, int variant) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(phase5_fused_hopper, CUDA, m) {
   m.impl("attention", &attention);
+  m.impl("attention_inference", &attention);
   m.impl("attention_backward", &attention_backward);
 }

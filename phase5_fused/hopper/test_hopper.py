@@ -344,13 +344,48 @@ def test_fake_tensor_shapes():
         real_q = layout(torch.randn(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda"))
         real_k = torch.randn(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
         real_out, _ = ops.attention(real_q, real_k, real_k, True, 0.125, None, True, 2)
-        with FakeTensorMode():
-            q = layout(torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda"))
-            k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
-            out, lse = ops.attention(q, k, k, True, 0.125, None, True, 2)
-        assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
-        assert out.stride() == real_out.stride(), (name, out.stride(), real_out.stride())
-        assert lse.shape == (2, 3, 17) and lse.dtype == torch.float32
+        for op in (ops.attention, ops.attention_inference):
+            with FakeTensorMode():
+                q = layout(torch.empty(2, 3, 17, 64, dtype=torch.bfloat16, device="cuda"))
+                k = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16, device="cuda")
+                out, lse = op(q, k, k, True, 0.125, None, True, 2)
+            assert out.shape == (2, 3, 17, 64) and out.dtype == torch.bfloat16
+            assert out.stride() == real_out.stride(), (name, out.stride(), real_out.stride())
+            assert lse.shape == (2, 3, 17) and lse.dtype == torch.float32
+
+
+@requires_hopper
+def test_calls_that_record_no_gradient_take_the_op_without_autograd(monkeypatch):
+    """attention_inference is attention without the autograd formula: the same output and lse bit for
+    bit; the API calls it unless autograd records the call, and the differentiable op then."""
+    from types import SimpleNamespace
+
+    from utils.build import LOADED_OPS
+
+    ops = hopper.load()
+    q, k, v, _ = make_qkv(2, 2, 100, 150, 64, torch.float16)
+    for causal in (False, True):
+        out, lse = ops.attention(q, k, v, causal, 0.125, None, True, len(hopper.VERSIONS))
+        out_inference, lse_inference = ops.attention_inference(q, k, v, causal, 0.125, None, True, len(hopper.VERSIONS))
+        assert torch.equal(out, out_inference) and torch.equal(lse, lse_inference)
+    called = []
+
+    def recording(name):
+        def op(*args):
+            called.append(name)
+            return getattr(ops, name)(*args)
+        return op
+
+    monkeypatch.setitem(LOADED_OPS, hopper.NAME, SimpleNamespace(
+        attention=recording("attention"), attention_inference=recording("attention_inference"),
+        attention_backward=ops.attention_backward))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    hopper.attention(q, k, v)
+    with torch.no_grad():
+        hopper.attention(*leaves)
+    assert called == ["attention_inference"] * 2
+    hopper.attention(*leaves).sum().backward()
+    assert called[2:] == ["attention"] and all(t.grad is not None for t in leaves)
 
 
 @requires_hopper
