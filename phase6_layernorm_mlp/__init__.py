@@ -9,7 +9,8 @@ Public API (inputs are validated here first; every error names the argument it r
     mlp(x, w1, b1, w2, b2, residual=None, approximate="tanh")
         = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue GEMMs)
 
-Backward (every op above is differentiable: torch.library.register_autograd on its op):
+Backward (every op above is differentiable: layer_norm and add_layer_norm by formulas in C++,
+autograd.cpp; gelu and linear by torch.library.register_autograd on their ops, here):
     layer_norm_backward(dy, s, weight=None, eps=1e-5, dsum=None, param_grads=True) -> (ds, dweight, dbias)
         s the LayerNorm's input (x, or add_layer_norm's sum); dsum is added to ds
     gelu_backward(dy, x, approximate="tanh") -> dy * gelu'(x)
@@ -34,7 +35,7 @@ from utils.build import op_loader
 from utils.checks import check_cuda_tensor
 
 NAME = "phase6_layernorm_mlp"
-SOURCES = ["ops.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu", "linear_rows.cu", "linear_tf32x3.cu"]
+SOURCES = ["ops.cpp", "autograd.cpp", "layer_norm.cu", "layer_norm_backward.cu", "gelu.cu", "linear.cu", "linear_async.cu", "linear_rows.cu", "linear_tf32x3.cu"]
 # The GEMM's kernels and tile configurations, in variant order (the headers of linear.cu,
 # linear_async.cu, linear_rows.cu and linear_tf32x3.cu). Variants 0-6 are SGEMMs on the FFMA pipe;
 # LINEAR_SGEMM is the one that won in run.py's timing on the H100. LINEAR_TF32X3 runs the products
@@ -97,38 +98,8 @@ def _register_fakes() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Autograd: the backward of each forward op, from the ops above (and cuBLAS for linear's dW)
-
-
-def _ln_setup(ctx, inputs, output):
-    x, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
-
-
-def _ln_backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dweight, dbias = load().layer_norm_backward(dy.contiguous(), x, weight, None, ctx.eps, needs[1] or needs[2])
-    return dx, dweight if needs[1] else None, dbias if needs[2] else None, None
-
-
-def _add_ln_setup(ctx, inputs, output):
-    x, residual, weight, bias, eps = inputs
-    ctx.save_for_backward(output[1], weight)  # the sum s = x + residual: the LayerNorm's input
-    ctx.eps = eps
-
-
-def _add_ln_backward(ctx, dy, dsum):
-    s, weight = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    if dy is None:
-        dy = torch.zeros_like(s)
-    dsum = None if dsum is None else dsum.contiguous()
-    ds, dweight, dbias = load().layer_norm_backward(dy.contiguous(), s, weight, dsum, ctx.eps, needs[2] or needs[3])
-    # s = x + residual: both receive ds.
-    return (ds if needs[0] else None, ds if needs[1] else None, dweight if needs[2] else None,
-            dbias if needs[3] else None, None)
+# Autograd of gelu and linear: the backward of each, from the ops above (and cuBLAS for linear's dW);
+# layer_norm's and add_layer_norm's are in C++ (autograd.cpp)
 
 
 def _gelu_setup(ctx, inputs, output):
@@ -174,9 +145,7 @@ def _linear_backward(ctx, dout):
 
 
 def _register_autograd() -> None:
-    for op, backward, setup in (("layer_norm", _ln_backward, _ln_setup),
-                                ("add_layer_norm", _add_ln_backward, _add_ln_setup),
-                                ("gelu", _gelu_backward, _gelu_setup),
+    for op, backward, setup in (("gelu", _gelu_backward, _gelu_setup),
                                 ("linear", _linear_backward, _linear_setup)):
         torch.library.register_autograd(f"{NAME}::{op}", backward, setup_context=setup)
 

@@ -4,11 +4,8 @@
                               (q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse[, variant])
     register_tc(op_name)      phase5_fused_tc::attention_lse
                               (q, k, v, mask, is_causal, scale, key_lengths)
-    register_hopper(op_name, load, variant, tma_readable)
-                              phase5_fused_hopper::attention
-                              (q, k, v, is_causal, scale, key_lengths, return_lse, version), whose
-                              backward op lives in that lesson's own extension (load()), run
-                              as `variant`
+(The Hopper forward's formula is registered in C++, ../hopper/hopper_autograd.cpp: the op a
+training step on an H100 runs in every block, where Python per call costs the most.)
 
 Each forward package calls its function right after loading its extension (utils.build.op_loader's
 hook), so the registration happens once per process and only where the forward is used. This module
@@ -69,33 +66,4 @@ def register_tc(name: str) -> None:
     torch.library.register_autograd(
         name, lambda ctx, g_out, g_lse: _backward(ctx, g_out, g_lse, "attention_backward_tc"),
         setup_context=lambda ctx, inputs, output: _setup_context(ctx, inputs, output, stride_index=None))
-    _REGISTERED.add(name)
-
-
-def register_hopper(name: str, load, variant: int, tma_readable) -> None:
-    """Autograd for the Hopper forward op: its own backward op, attention_backward of the extension
-    that load() returns (hopper_bwd.cu; compiled for sm_90a only, so not in this lesson's), run as
-    `variant`. It reads q, k, v, out and dout in place (views of the qkv projection, O and dO in
-    [B, S, H, D] memory) wherever TMA can: tma_readable(x) is x itself then, else a copy."""
-    if name in _REGISTERED:
-        return
-
-    def setup_context(ctx, inputs, output):
-        q, k, v, is_causal, scale, key_lengths = inputs[:6]
-        ctx.save_for_backward(q, k, v, output[0], output[1], key_lengths)
-        ctx.is_causal, ctx.scale = is_causal, scale
-
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, key_lengths = ctx.saved_tensors
-        if lse.dim() != 3:
-            raise RuntimeError("the forward ran without its logsumexp (return_lse=False): call it through "
-                               "phase5_fused.hopper.attention, which asks for it when an input requires grad")
-        dout = torch.zeros_like(out) if grad_out is None else grad_out
-        q, k, v, out, dout = (tma_readable(x) for x in (q, k, v, out, dout))
-        dlse = None if grad_lse is None else grad_lse.contiguous()
-        dq, dk, dv = load().attention_backward(q, k, v, out, lse, dout, dlse, ctx.is_causal, ctx.scale, key_lengths,
-                                               variant)
-        return dq, dk, dv, None, None, None, None, None
-
-    torch.library.register_autograd(name, backward, setup_context=setup_context)
     _REGISTERED.add(name)

@@ -13,7 +13,7 @@ not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each ver
 
 The backward pass (hopper_bwd.cu, ../backward/README.md "On Hopper") is FlashAttention-2's
 Algorithm 2 on TMA and wgmma: attention_backward calls it directly, and attention is differentiable
-through it (autograd registered on the op), for one K/V head per query head.
+through it (a formula in C++ registered on the op, hopper_autograd.cpp), for one K/V head per query head.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -34,6 +34,7 @@ NAME = "phase5_fused_hopper"
 SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
            "hopper_v4_pingpong.cu", "hopper_v5_tiles.cu",
            "hopper_v6_persistent.cu", "hopper_v7_split_tail.cu", "hopper_bwd.cu", "hopper_ops.cpp",
+           "hopper_autograd.cpp",
            # the backward lesson's checks and D_i, compiled into this extension too
            "../backward/bwd_prepare.cpp", "../backward/bwd_preprocess.cu"]
 # wgmma, setmaxnreg and TMA's tensor copies exist only on the architecture-specific target sm_90a; a
@@ -48,7 +49,8 @@ DEFAULT_VERSION = "v7_split_tail"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}
 # The backward's variants (hopper_bwd.cu: how its two warpgroups share dQ; 0 by keys, 1 by columns)
-# and the one autograd runs: the faster in the variants table, at both head dims.
+# and the one autograd runs (hopper_attention.h kBwdDefaultVariant, what hopper_autograd.cpp
+# passes): the faster in the variants table, at both head dims.
 BWD_VARIANTS = (0, 1)
 BWD_DEFAULT_VARIANT = 1
 # The GPU these kernels run on (compute capability).
@@ -72,12 +74,6 @@ def _register_fakes() -> None:
     @torch.library.register_fake(f"{NAME}::attention_backward")
     def _attention_backward_fake(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the op's
-
-    # Autograd of attention: hopper_bwd.cu through the backward lesson's formula (that lesson imports
-    # nothing of this one, so this lazy import closes no circle).
-    from phase5_fused.backward import autograd
-
-    autograd.register_hopper(f"{NAME}::attention", load, BWD_DEFAULT_VARIANT, _tma_readable)
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register_fakes, cuda_flags=CUDA_FLAGS)

@@ -89,6 +89,9 @@ struct BwdParams {
 // The backward's tiles: kBwdBc keys per CTA (two warpgroups of 64), kBwdBr query rows per step.
 constexpr int kBwdBr = 64;
 constexpr int kBwdBc = 128;
+// The variant autograd runs (hopper_autograd.cpp; __init__.py's BWD_DEFAULT_VARIANT): the faster in
+// the backward lesson's variants table, at both head dims.
+constexpr int kBwdDefaultVariant = 1;
 
 // dk, dv and the dQ accumulator of one backward call; then dq = scale * accumulator in q's dtype.
 // variant (hopper_bwd.cu): 0 dQ by keys, 1 dQ by columns.

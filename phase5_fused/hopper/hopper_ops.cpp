@@ -22,6 +22,7 @@
 #include "../backward/bwd_prepare.h"
 #include "attention_args.h"
 #include "hopper_attention.h"
+#include "hopper_tma.h"
 
 namespace {
 
@@ -42,16 +43,12 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// TMA reads any layout whose rows are contiguous (check_qkv's rows_contiguous) and whose other
-// strides are positive multiples of 16 bytes (a dim of size 1 is never stepped over), from data
-// 16-byte aligned.
+// The layout TMA reads (hopper_tma.h), or an error naming the argument.
 void check_tma_layout(const at::Tensor& x, const char* name) {
-  for (int d = 0; d < 3; ++d)
-    TORCH_CHECK(x.size(d) == 1 || (x.stride(d) > 0 && x.stride(d) * x.element_size() % 16 == 0), name,
-                "'s strides must be positive multiples of 16 bytes for TMA, got ", x.strides(), ": pass ", name,
-                ".contiguous()");
-  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0, name,
-              " must start at a 16-byte aligned address (TMA needs it): pass ", name, ".clone()");
+  TORCH_CHECK(hopper::tma_strides_ok(x), name, "'s strides must be positive multiples of 16 bytes for TMA, got ",
+              x.strides(), ": pass ", name, ".contiguous()");
+  TORCH_CHECK(hopper::tma_aligned(x), name, " must start at a 16-byte aligned address (TMA needs it): pass ", name,
+              ".clone()");
 }
 
 // x [B, H, S, D] as TMA sees it: a 4-D tensor (D, S, H, B) with x's strides and boxes of 64 columns x

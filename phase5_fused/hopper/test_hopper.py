@@ -448,6 +448,8 @@ def test_constants_are_the_kernels():
         assert f"hopper_{name}.cu" in hopper.SOURCES and (here / f"hopper_{name}.cu").exists()
         assert f"launch_v{number}" in (here / f"hopper_{name}.cu").read_text()
     assert hopper.DEFAULT_VERSION in hopper.VERSIONS
+    assert f"kBwdDefaultVariant = {hopper.BWD_DEFAULT_VARIANT};" in header
+    assert hopper.BWD_DEFAULT_VARIANT in hopper.BWD_VARIANTS
     assert any("compute_90a" in flag and "sm_90a" in flag for flag in hopper.CUDA_FLAGS)
 
 
