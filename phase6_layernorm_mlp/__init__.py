@@ -9,8 +9,8 @@ Public API (inputs are validated here first; every error names the argument it r
     mlp(x, w1, b1, w2, b2, residual=None, approximate="tanh")
         = gelu(x @ w1.T + b1) @ w2.T + b2 + residual             (two fused-epilogue GEMMs)
 
-Backward (every op above is differentiable: layer_norm and add_layer_norm by formulas in C++,
-autograd.cpp; gelu and linear by torch.library.register_autograd on their ops, here):
+Backward (every op above is differentiable: layer_norm, add_layer_norm and gelu by formulas in
+C++, autograd.cpp; linear by torch.library.register_autograd on its op, here):
     layer_norm_backward(dy, s, weight=None, eps=1e-5, dsum=None, param_grads=True) -> (ds, dweight, dbias)
         s the LayerNorm's input (x, or add_layer_norm's sum); dsum is added to ds
     gelu_backward(dy, x, approximate="tanh") -> dy * gelu'(x)
@@ -98,19 +98,8 @@ def _register_fakes() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Autograd of gelu and linear: the backward of each, from the ops above (and cuBLAS for linear's dW);
-# layer_norm's and add_layer_norm's are in C++ (autograd.cpp)
-
-
-def _gelu_setup(ctx, inputs, output):
-    x, approximate = inputs
-    ctx.save_for_backward(x)
-    ctx.approximate = approximate
-
-
-def _gelu_backward(ctx, dy):
-    (x,) = ctx.saved_tensors
-    return load().gelu_backward(dy.contiguous(), x, ctx.approximate), None
+# Autograd of linear: its backward from the ops above (and cuBLAS for dW); layer_norm's,
+# add_layer_norm's and gelu's are in C++ (autograd.cpp)
 
 
 def _linear_setup(ctx, inputs, output):
@@ -145,9 +134,7 @@ def _linear_backward(ctx, dout):
 
 
 def _register_autograd() -> None:
-    for op, backward, setup in (("gelu", _gelu_backward, _gelu_setup),
-                                ("linear", _linear_backward, _linear_setup)):
-        torch.library.register_autograd(f"{NAME}::{op}", backward, setup_context=setup)
+    torch.library.register_autograd(f"{NAME}::linear", _linear_backward, setup_context=_linear_setup)
 
 
 load = op_loader(Path(__file__).parent, NAME, SOURCES, _register)

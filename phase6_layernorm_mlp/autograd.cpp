@@ -1,13 +1,14 @@
-// Autograd of layer_norm and add_layer_norm in C++ (gelu's and linear's are registered from Python,
+// Autograd of layer_norm, add_layer_norm and gelu in C++ (linear's is registered from Python,
 // __init__.py). A formula registered from Python runs Python on every call of its op, forward and
-// backward; these two ops run once or twice per transformer block, where a training step's CPU
-// time is spent (README "Autograd in C++"). The formulas are those of layer_norm_backward.cu's
-// header: ds from the row, dgamma and dbeta summed over the rows, and for add_layer_norm both x and
-// the residual receive ds.
+// backward; these ops run once or twice per transformer block, where a training step's CPU time is
+// spent (the final lesson's README, "Autograd in C++"). The LayerNorm formulas are those of
+// layer_norm_backward.cu's header: ds from the row, dgamma and dbeta summed over the rows, and for
+// add_layer_norm both x and the residual receive ds; gelu's is dy * gelu'(x) (gelu.cuh).
 //
 // Each op is called through the dispatcher below the autograd key: the CUDA kernels on real
 // tensors, the fake implementations (__init__.py) when torch.compile traces the step.
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -48,6 +49,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_op(const at::
                                                             const OptionalTensor&, const OptionalTensor&, double,
                                                             bool)>();
   return op.call(dy, s, weight, dsum, eps, param_grads);
+}
+
+at::Tensor gelu_op(const at::Tensor& x, const std::string& approximate) {
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("phase6_layernorm_mlp::gelu", "")
+      .typed<at::Tensor(const at::Tensor&, const std::string&)>();
+  return op.call(x, approximate);
+}
+
+at::Tensor gelu_backward_op(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate) {
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("phase6_layernorm_mlp::gelu_backward", "")
+      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::string&)>();
+  return op.call(dy, x, approximate);
 }
 
 // What the forward keeps for the backward besides tensors: eps, and whether gamma and beta want
@@ -109,6 +124,22 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   }
 };
 
+class GeluFunction : public torch::autograd::Function<GeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& approximate) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({x});
+    ctx->saved_data["approximate"] = approximate;
+    return gelu_op(x, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {gelu_backward_op(grads[0].contiguous(), saved[0], ctx->saved_data["approximate"].toStringRef()),
+            at::Tensor()};
+  }
+};
+
 at::Tensor layer_norm_autograd(const at::Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias,
                                double eps) {
   return LayerNormFunction::apply(x, weight, bias, eps);
@@ -121,9 +152,14 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_autograd(const at::Tensor& x, 
   return {out[0], out[1]};
 }
 
+at::Tensor gelu_autograd(const at::Tensor& x, const std::string& approximate) {
+  return GeluFunction::apply(x, approximate);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(phase6_layernorm_mlp, Autograd, m) {
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("add_layer_norm", &add_layer_norm_autograd);
+  m.impl("gelu", &gelu_autograd);
 }

@@ -122,17 +122,21 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     """
     # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
     # and the GPU itself; where it raises, the checked path below names the argument or copies a
-    # layout TMA cannot read).
+    # layout TMA cannot read). A training call too: the differentiable op records the graph in C++
+    # (hopper_autograd.cpp) and asks for L, as long as each query head has its own K/V head.
     if mask is None and (return_lse is True or return_lse is False) and plain_arguments(is_causal, scale) \
             and not torch.compiler.is_compiling():
         try:
             number = VERSION_NUMBERS.get(version)
             # (the GPU is asked before load(): the extension is built for Hopper only)
-            if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER \
-                    and not records_grad(q, k, v):
-                out, lse = load().attention_inference(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1])
-                                                      if scale is None else scale, key_lengths, return_lse, number)
-                return (out, lse) if return_lse else out
+            if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER:
+                c = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+                if not records_grad(q, k, v):
+                    out, lse = load().attention_inference(q, k, v, is_causal, c, key_lengths, return_lse, number)
+                    return (out, lse) if return_lse else out
+                if k.shape[1] == q.shape[1]:
+                    out, lse = load().attention(q, k, v, is_causal, c, key_lengths, True, number)
+                    return (out, lse) if return_lse else out
         except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
             pass
     if mask is not None:
