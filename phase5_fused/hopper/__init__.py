@@ -130,12 +130,12 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
             number = VERSION_NUMBERS.get(version)
             # (the GPU is asked before load(): the extension is built for Hopper only)
             if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER:
-                c = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-                if not records_grad(q, k, v):
-                    out, lse = load().attention_inference(q, k, v, is_causal, c, key_lengths, return_lse, number)
-                    return (out, lse) if return_lse else out
-                if k.shape[1] == q.shape[1]:
-                    out, lse = load().attention(q, k, v, is_causal, c, key_lengths, True, number)
+                needs_grad = records_grad(q, k, v)
+                if not needs_grad or k.shape[1] == q.shape[1]:
+                    ops = load()
+                    op = ops.attention if needs_grad else ops.attention_inference
+                    out, lse = op(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+                                  key_lengths, return_lse or needs_grad, number)
                     return (out, lse) if return_lse else out
         except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
             pass
