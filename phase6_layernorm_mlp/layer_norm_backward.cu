@@ -32,6 +32,12 @@
 //   3. ln_backward_streaming_kernel: a block per row for longer rows; reads the row from memory in
 //      each of its four passes (all but the first from L2) and keeps its column partial sums in
 //      its own row of the partials buffer.
+//   4. ln_backward_cached_kernel<.., kPrefetch = true>: versions 1 and 2 with the team's next row
+//      of s and dy (and its first element, the shift) loaded while the current row is reduced, as
+//      raw chunks (vec_io.cuh Chunk: 16 more registers for FP16 / BF16). Versions 1 and 2 hold a
+//      row's loads in flight only between their issue and step 1's first sum; with 2-byte
+//      elements a thread's 16 elements are half the bytes of FP32's, so at the same warps per SM
+//      half the bytes are in flight. The launcher runs version 4 for FP16 and BF16 rows in 16-byte chunks.
 #include <algorithm>
 #include <cstdint>
 
@@ -51,6 +57,11 @@ constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // teams in flight: about 16 warps per SM (a memory-bound kernel)
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column
+// Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
+// FP32 and for the scalar path (one element per chunk: a register each, and the block version
+// would spill).
+template <typename T, int VEC>
+constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 
 template <bool kWarpPerRow>
 __device__ __forceinline__ float team_sum(float v, float* scratch) {
@@ -58,9 +69,9 @@ __device__ __forceinline__ float team_sum(float v, float* scratch) {
   else return course::block_reduce_sum(v, scratch);
 }
 
-// Versions 1 and 2. partial_dgamma / partial_dbeta: [gridDim.x, hidden] FP32, or nullptr (no
+// Versions 1, 2 and 4. partial_dgamma / partial_dbeta: [gridDim.x, hidden] FP32, or nullptr (no
 // parameter gradients); gamma, dsum may be nullptr.
-template <typename T, int VEC, bool kWarpPerRow>
+template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
 __global__ void __launch_bounds__(kWarpPerRow ? kWarpTeamsPerBlock * course::kWarpSize : kMaxBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
                           const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
@@ -80,19 +91,42 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
   float acc_dbeta[NV][VEC] = {};   // ... and of dy
 
+  // Version 4: the row after this one, as loaded (s_next, dy_next) and its shift (K_next).
+  Chunk<T, VEC> s_next[NV], dy_next[NV];
+  T K_next{};
+  auto fetch = [&](int64_t row) {
+    const int64_t base = row * hidden;
+    K_next = s[base];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        s_next[i] = load_chunk<T, VEC>(s + base + c * VEC);
+        dy_next[i] = load_chunk<T, VEC>(dy + base + c * VEC);
+      }
+    }
+  };
+  if (kPrefetch && team < rows) fetch(team);
+
   for (int64_t row = team; row < rows; row += teams) {  // uniform over the team
     const int64_t base = row * hidden;
     // Step 1: the forward's statistics, recomputed: d = s - s[0] into registers, mean_d, then
-    // the variance of d from the registers, rstd. dy is loaded here too (its loads fly with s's).
-    const float K = to_float(s[base]);
+    // the variance of d from the registers, rstd. dy is loaded here too (its loads fly with s's);
+    // version 4 converts the chunks fetched during the previous row and fetches the next row's.
+    const float K = kPrefetch ? to_float(K_next) : to_float(s[base]);
     float d[NV][VEC], g[NV][VEC];
     float local = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
       if (c < chunks) {
-        load_vec<T, VEC>(s + base + c * VEC, d[i]);
-        load_vec<T, VEC>(dy + base + c * VEC, g[i]);
+        if constexpr (kPrefetch) {
+          to_floats<T, VEC>(s_next[i], d[i]);
+          to_floats<T, VEC>(dy_next[i], g[i]);
+        } else {
+          load_vec<T, VEC>(s + base + c * VEC, d[i]);
+          load_vec<T, VEC>(dy + base + c * VEC, g[i]);
+        }
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           d[i][e] -= K;
@@ -100,6 +134,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
+    if (kPrefetch && row + teams < rows) fetch(row + teams);
     const float mean_d = team_sum<kWarpPerRow>(local, scratch) / n;
     local = 0.0f;
 #pragma unroll
@@ -356,12 +391,12 @@ void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, cons
   const unsigned blocks = static_cast<unsigned>(p.blocks);
   switch (p.version) {
     case Version::kWarp:
-      ln_backward_cached_kernel<T, VEC, true><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
-                                                                               hidden, eps);
+      ln_backward_cached_kernel<T, VEC, true, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
+          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
       break;
     case Version::kBlock:
-      ln_backward_cached_kernel<T, VEC, false><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
-                                                                                hidden, eps);
+      ln_backward_cached_kernel<T, VEC, false, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
+          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
       break;
     case Version::kStreaming:
       ln_backward_streaming_kernel<T, VEC><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,19 +28,33 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 template <typename T>
 constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
 
-// Load VEC consecutive elements p[0..VEC) as floats. With VEC == kVec16<T> it is one 16-byte
-// load, so p must be 16-byte aligned; with VEC == 1 it is a plain scalar load.
+// VEC consecutive elements as loaded, not yet converted: one 16-byte vector (VEC == kVec16<T>) or
+// one element (VEC == 1). Holding a chunk costs VEC * sizeof(T) bytes of registers, not VEC floats.
+template <typename T, int VEC>
+struct Chunk {
+  static_assert(VEC == 1 || VEC == kVec16<T>, "VEC must be 1 (scalar) or one 16-byte vector");
+  std::conditional_t<VEC == 1, T, uint4> raw;
+};
+
+// Load p[0..VEC) as one chunk: a 16-byte load (p 16-byte aligned) or a scalar load.
+template <typename T, int VEC>
+__device__ __forceinline__ Chunk<T, VEC> load_chunk(const T* p) {
+  if constexpr (VEC == 1) return {p[0]};
+  else return {*reinterpret_cast<const uint4*>(p)};
+}
+
+// A chunk's elements as floats.
+template <typename T, int VEC>
+__device__ __forceinline__ void to_floats(const Chunk<T, VEC>& c, float (&v)[VEC]) {
+  const T* e = reinterpret_cast<const T*>(&c.raw);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) v[i] = to_float(e[i]);
+}
+
+// Load VEC consecutive elements p[0..VEC) as floats (load_chunk, then to_floats).
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
-  static_assert(VEC == 1 || VEC == kVec16<T>, "VEC must be 1 (scalar) or one 16-byte vector");
-  if constexpr (VEC == 1) {
-    v[0] = to_float(p[0]);
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = to_float(e[i]);
-  }
+  to_floats<T, VEC>(load_chunk<T, VEC>(p), v);
 }
 
 // Store VEC floats to p[0..VEC) as T (one 16-byte store when VEC == kVec16<T>).
