@@ -64,7 +64,7 @@ VERSION_ROWS = {"v1_mma": ("phase5_fused_tc_v1", "mma.sync; fragments by plain l
                 "v2_ldmatrix": ("phase5_fused_tc_v2", "ldmatrix.x4 (.trans for V)"),
                 "v3_swizzle": ("phase5_fused_tc_v3", "XOR-swizzled tiles"),
                 "v4_cp_async": ("phase5_fused_tc_v4", "cp.async ring of K/V blocks"),
-                "fast": (IMPL, "exp2 with the scale folded in")}
+                "fast": (IMPL, "exp2, the scale in the FFMA, lazy rescaling, measured tiles")}
 
 
 def tc_fn(q, k, v, causal):

@@ -21,7 +21,8 @@
 //   - K/V tiles streamed by cp.async through a kStages-deep ring, so the loads of block j+1 fly
 //     while block j is computed, with one __syncthreads per block;
 //   - softmax statistics m, l and the output accumulator stay in FP32 registers; only P is rounded
-//     to FP16/BF16, to feed the second matmul.
+//     to FP16/BF16, to feed the second matmul;
+//   - the scale folded into the exponent (one FFMA and one ex2 per score) and O rescaled lazily.
 //
 // Paper notation (Dao, "FlashAttention-2", Algorithm 1): a block of Br query rows Q_i is loaded
 // once; for each block of Bc keys K_j, V_j: S = Q_i K_j^T, m_new = max(m, rowmax(S)),
@@ -49,7 +50,7 @@ constexpr int kThreads = kWarps * course::kWarpSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // Lazy rescaling: a warp raises its rows' running max only when a score exceeds it by more than
-// this (log2 units), so P = 2^(S - m) stays <= 2^8 between rescales.
+// this (log2 units), so P = 2^(c S - m) stays <= 2^8 between rescales.
 constexpr float kLazyLog2 = 8.0f;
 
 // The max of row lane/4 + 8r of an m16 tile of S (this thread's n8 fragments, then the 4 lanes
@@ -66,16 +67,18 @@ __device__ __forceinline__ float row_max_of(const float (&s)[kN][4], int r) {
 // Tile sizes per tile head dim Dp: Br query rows per block (Br / 4 per warp), Bc keys per K/V
 // block, kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) Dp * 2 bytes;
 // two blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's Br/4 rows in at
-// most 255 registers per thread without spilling (checked with -Xptxas -v for sm_90; Bc = 128 at
-// Dp = 64, FlashAttention-2's choice, spilled ~90 bytes here, so Dp = 64 takes Bc = 64 and a third
-// stage). At Dp = 160 a warp's 32 rows still fit with Bc = 32 (FlashAttention-2's 128 x 32); from
-// Dp = 192 their O accumulator alone would take 192+ registers, so a warp owns 16 rows (Br = 64),
-// and Bc is the largest that keeps two blocks per SM and divides the copies among the threads.
+// most 255 registers per thread. Dp = 64 and 128 take the tiles that measured fastest among those
+// (README: "Tiles by measurement"): at Dp = 64 FlashAttention-2's 128 x 128, in two stages, although
+// ptxas spills there (about 130 bytes, loop invariants reloaded from L1); at Dp = 128 blocks of 32
+// keys in three stages, where FlashAttention-2 takes 128 x 64. At Dp = 160 a warp's 32 rows still
+// fit with Bc = 32 (FlashAttention-2's 128 x 32); from Dp = 192 their O accumulator alone would take
+// 192+ registers, so a warp owns 16 rows (Br = 64), and Bc is the largest that keeps two blocks per
+// SM and divides the copies among the threads.
 //   Dp   Br   Bc   stages  smem     FP32 registers per thread for S + O
 //   32   128  128  3       56 KB    128 + 32
-//   64   128  64   3       64 KB    64 + 64
+//   64   128  128  2       80 KB    128 + 64
 //   96   128  64   2       72 KB    64 + 96
-//   128  128  64   2       96 KB    64 + 128   (FlashAttention-2's 128 x 64 for D = 128)
+//   128  128  32   3       80 KB    32 + 128
 //   160  128  32   3       100 KB   32 + 160
 //   192  64   48   2       96 KB    24 + 96
 //   224  64   32   2       84 KB    16 + 112
@@ -88,7 +91,7 @@ struct Tile<32> {
 };
 template <>
 struct Tile<64> {
-  static constexpr int kBr = 128, kBc = 64, kStages = 3;
+  static constexpr int kBr = 128, kBc = 128, kStages = 2;
 };
 template <>
 struct Tile<96> {
@@ -96,7 +99,7 @@ struct Tile<96> {
 };
 template <>
 struct Tile<128> {
-  static constexpr int kBr = 128, kBc = 64, kStages = 2;
+  static constexpr int kBr = 128, kBc = 32, kStages = 3;
 };
 template <>
 struct Tile<160> {
@@ -129,7 +132,7 @@ struct Params {
   const int* key_lengths;  // [B], clamped to [0, Sk]; nullptr: every key is valid
   int H, Sq, Sk;
   int H_kv;          // KV heads of k and v: query head h reads KV head h / (H / H_kv)
-  float scale_log2;  // scale * log2(e): scores are kept in log2 units, exp(x) = 2^(x log2 e)
+  float scale_log2;  // c = scale * log2(e) > 0 (the host sees to it): exp(scale x) = 2^(c x)
   int window;        // sliding window with causal masking (< Sq; kWindow instances only)
   course::AttentionMasking masking;
 };
@@ -189,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   constexpr int kBr = Tile<Dp>::kBr;
   constexpr int kBc = Tile<Dp>::kBc;
   constexpr int kStages = Tile<Dp>::kStages;
+  constexpr bool kFold = !kHasMask;  // the scale folded into the exponent (the softmax below)
   constexpr int kChunks = Dp / 8;           // 16-byte chunks per tile row
   constexpr int kWarpRows = kBr / kWarps;   // query rows owned by one warp
   constexpr int kM = kWarpRows / 16;        // m16 tiles of a warp's rows
@@ -319,9 +323,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
 
-    // Scale into log2 units; mask per element only where the block needs it: keys past the
-    // valid length, the causal diagonal, the window's lower edge, or the user's mask (added as a
-    // bias, -inf = hidden).
+    // Mask per element only where the block needs it: keys past the valid length, the causal
+    // diagonal, the window's lower edge (-inf = hidden), or the user's mask. Without a user mask the
+    // scores stay unscaled: c > 0 keeps their row max where it is, and the exponent below applies
+    // the scale in the same FFMA that subtracts the max. A user mask is a bias in log2 units added
+    // after the scale, so that instance scales first (kFold = false).
     const bool need_mask = kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0) ||
                            (kWindow && kv0 <= warp_q0 + kWarpRows - 1 - window);
 #pragma unroll
@@ -330,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = s[mt][nt][e] * p.scale_log2;
+          float x = kFold ? s[mt][nt][e] : s[mt][nt][e] * p.scale_log2;
           if (need_mask) {
             const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);
@@ -346,19 +352,21 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     }
 
     // BEGIN SOLUTION: Port of ../fp32/fused_teaching.cu's online-softmax TODO (Lines 10-13), once the teaching kernel's tests pass, on this thread's fragments: it holds two rows of every m16 tile (rows lane/4 and lane/4 + 8), whose columns are spread over the 4 lanes with the same lane/4 (a row's max needs all four); the scores are in log2 units (tc::exp2_approx) and l stays the lane's partial sum (README: Why the softmax stays in FP32)
-    // Online softmax in FP32: m_new = max(m, rowmax(S)), P = 2^(S - m_new),
+    // Online softmax in FP32, m in log2 units: m_new = max(m, c rowmax(S)), P = 2^(c S - m_new)
+    // (one FFMA and one ex2 per score; with kFold = false S is already c S),
     // l = 2^(m - m_new) l + rowsum(P), O = 2^(m - m_new) O. A row with no visible key so far keeps
     // m = -inf; it subtracts 0 instead, so P = 0 and the rescale factor is 0, never NaN.
     // Lazy rescaling: m is raised only when some row of the warp has a score more than kLazyLog2
     // above its m (a warp-wide vote, so the warp never diverges). Otherwise every row keeps its m:
-    // P = 2^(S - m) <= 2^kLazyLog2, far inside FP16/BF16, and l and O skip their rescale for this
+    // P = 2^(c S - m) <= 2^kLazyLog2, far inside FP16/BF16, and l and O skip their rescale for this
     // block. O / l is unchanged, since l and O always share the m they were summed against. (A
     // raising block computes the row maxima twice: no register holds them across the vote.)
+    const float c = kFold ? p.scale_log2 : 1.0f;  // what turns S into log2 units here
     bool raise = false;
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) raise |= row_max_of<kN>(s[mt], r) > m[mt][r] + kLazyLog2;
+      for (int r = 0; r < 2; ++r) raise |= row_max_of<kN>(s[mt], r) * c > m[mt][r] + kLazyLog2;
     }
     raise = __any_sync(course::kFullMask, raise);
     if (raise) {
@@ -366,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m[mt][r], row_max_of<kN>(s[mt], r));
+          const float m_new = fmaxf(m[mt][r], row_max_of<kN>(s[mt], r) * c);
           const float alpha = tc::exp2_approx(m[mt][r] - (m_new == -CUDART_INF_F ? 0.0f : m_new));
           m[mt][r] = m_new;
           l[mt][r] *= alpha;
@@ -388,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[mt][nt][e] = tc::exp2_approx(s[mt][nt][e] - m_use);
+            s[mt][nt][e] = tc::exp2_approx(fmaf(s[mt][nt][e], c, -m_use));
             row_sum += s[mt][nt][e];
           }
         }
@@ -516,8 +524,18 @@ void launch_for_padding(const Params& p, int D, int B, at::ScalarType dtype, cud
 void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                          float* lse, const int* key_lengths, const course::AttentionMasking& masking,
                          float scale, int window, cudaStream_t stream) {
+  // The kernel takes the row max of the unscaled scores, which needs c = scale log2 e > 0.
+  // Otherwise, the same scores from a copy of q: q -> -q with -scale, and a scale that is zero in
+  // FP32 (all scores 0) as q -> 0 with c = 1.
+  float c = scale * kLog2e;
+  at::Tensor q_in = q;
+  if (!(c > 0.0f)) {
+    c = -c;
+    q_in = c > 0.0f ? q.neg() : at::zeros_like(q);
+    if (!(c > 0.0f)) c = 1.0f;
+  }
   Params p;
-  p.q = q.data_ptr();
+  p.q = q_in.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.o = out.data_ptr();
@@ -528,7 +546,7 @@ void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.Sk = static_cast<int>(k.size(2));
   p.H_kv = static_cast<int>(k.size(1));
   p.window = window;
-  p.scale_log2 = scale * kLog2e;
+  p.scale_log2 = c;
   p.masking = masking;
   const int B = static_cast<int>(q.size(0));
   const int D = static_cast<int>(q.size(3));

@@ -239,10 +239,21 @@ def test_running_max_rising_and_falling_across_key_blocks(growth, D):
 
 
 @requires_gpu
-@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
-def test_explicit_scale(scale):
-    q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.float16)
+@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3, 0.0, 1e-50])
+@pytest.mark.parametrize("D", [64, 128])
+def test_explicit_scale(scale, D):
+    """The fast path takes the row max of unscaled scores, which needs c = scale log2 e > 0: the host
+    turns a negative scale into -q, and one that is zero in FP32 (0.0, 1e-50) into a zero q."""
+    q, k, v, info = make_qkv(2, 2, 129, 257, D, torch.float16)
     check(q, k, v, info, scale=scale)
+    check(q, k, v, info + " causal", scale=scale, is_causal=True)
+
+
+@requires_gpu
+def test_negative_scale_with_mask():
+    """The mask instance scales before the max; with a negative scale it gets -q too."""
+    q, k, v, info = make_qkv(2, 2, 129, 257, 64, torch.bfloat16)
+    check(q, k, v, info, mask=random_additive_mask((2, 1, 129, 257)), scale=-0.3)
 
 
 @requires_gpu
