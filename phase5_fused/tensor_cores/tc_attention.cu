@@ -67,16 +67,16 @@ __device__ __forceinline__ float row_max_of(const float (&s)[kN][4], int r) {
 // Tile sizes per tile head dim Dp: Br query rows per block (Br / 4 per warp), Bc keys per K/V
 // block, kStages K/V blocks in the cp.async ring. Shared memory = (Br + 2 kStages Bc) Dp * 2 bytes;
 // two blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's Br/4 rows in at
-// most 255 registers per thread. Dp = 64 and 128 take the tiles that measured fastest among those
-// (README: "Tiles by measurement"): at Dp = 64 FlashAttention-2's 128 x 128, in two stages, although
-// ptxas spills there (about 130 bytes, loop invariants reloaded from L1); at Dp = 128 blocks of 32
-// keys in three stages, where FlashAttention-2 takes 128 x 64. At Dp = 160 a warp's 32 rows still
+// most 255 registers per thread. Dp = 64 and 128 take the tiles that measured fastest (README:
+// "Tiles by measurement"): at Dp = 64 blocks of 64 keys in three stages (FlashAttention-2's
+// 128 x 128 spills here, and measured slower); at Dp = 128 blocks of 32 keys in three stages, where
+// FlashAttention-2 takes 128 x 64. At Dp = 160 a warp's 32 rows still
 // fit with Bc = 32 (FlashAttention-2's 128 x 32); from Dp = 192 their O accumulator alone would take
 // 192+ registers, so a warp owns 16 rows (Br = 64), and Bc is the largest that keeps two blocks per
 // SM and divides the copies among the threads.
 //   Dp   Br   Bc   stages  smem     FP32 registers per thread for S + O
 //   32   128  128  3       56 KB    128 + 32
-//   64   128  128  2       80 KB    128 + 64
+//   64   128  64   3       64 KB    64 + 64
 //   96   128  64   2       72 KB    64 + 96
 //   128  128  32   3       80 KB    32 + 128
 //   160  128  32   3       100 KB   32 + 160
@@ -91,7 +91,7 @@ struct Tile<32> {
 };
 template <>
 struct Tile<64> {
-  static constexpr int kBr = 128, kBc = 128, kStages = 2;
+  static constexpr int kBr = 128, kBc = 64, kStages = 3;
 };
 template <>
 struct Tile<96> {
