@@ -10,7 +10,10 @@ of final.attention, each called three ways, beside torch SDPA in the same run:
                             checks, the output allocation, the launch)
     sdpa, sdpa_<backend>    torch.nn.functional.scaled_dot_product_attention: its own dispatch, and each
                             backend pinned (for the whole timed loop) where it takes the dtype
-Two figures per path, each the median over SAMPLES samples of CALLS calls issued back to back:
+Two figures per path, each the median over SAMPLES samples of CALLS calls issued back to back; the
+samples of one dtype's paths are taken in turns (one sample of every path, then the next round), so
+that a drift of the host's speed during the run (clock, other processes) moves every path alike
+instead of whichever was measured last:
     host_us   CPU microseconds per call, the clock read right after the last call is issued, without
               waiting for the GPU (the queue takes CALLS launches without blocking): what the caller pays
     b2b_us    microseconds per call including the wait for the last kernel: the larger of the CPU's
@@ -50,23 +53,16 @@ SAMPLES = 30
 WARMUP = 20
 
 
-def per_call_us(fn) -> tuple[float, float]:
-    """(host_us, b2b_us) of fn (module docstring): medians over SAMPLES runs of CALLS calls."""
-    calls, samples = CALLS, SAMPLES
-    for _ in range(WARMUP):
+def sample_us(fn) -> tuple[float, float]:
+    """One sample of fn (module docstring): (host_us, b2b_us) per call over CALLS calls."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(CALLS):
         fn()
-    host, b2b = [], []
-    for _ in range(samples):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        issued = time.perf_counter()
-        torch.cuda.synchronize()
-        done = time.perf_counter()
-        host.append((issued - start) / calls * 1e6)
-        b2b.append((done - start) / calls * 1e6)
-    return statistics.median(host), statistics.median(b2b)
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    return (issued - start) / CALLS * 1e6, (done - start) / CALLS * 1e6
 
 
 def op_call(mode: str, q, k, v):
@@ -147,18 +143,31 @@ def measure(notes: list[str]) -> list[dict]:
         q, k, v = random_qkv(SHAPE["B"], SHAPE["H"], SHAPE["Sq"], SHAPE["Sk"], SHAPE["D"], dtype=getattr(torch, dtype_name),
                              device=DEVICE)
         ref = reference.attention(q, k, v)
+        # Each path once: its call made, checked against the reference and warmed up.
+        ready = []  # (label, impl, mode, fn, rel_err)
         for impl, mode, make in paths(dtype_name, q, k, v):
             label = f"{impl}{'' if mode is None else f' mode={mode}'} {dtype_name}"
             try:
                 with pinned(impl):
                     fn = make()
                     err = rel_error(fn(), ref)
-                    host, b2b = per_call_us(fn)
+                    for _ in range(WARMUP):
+                        fn()
             except Exception as exc:  # noqa: BLE001 - a path that fails (an SDPA backend that does not
                 # take the dtype, a build that failed) is reported; the others are still measured
                 notes.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
                 print(f"  {label}: not measured ({type(exc).__name__})", flush=True)
                 continue
+            ready.append((label, impl, mode, fn, err))
+        # SAMPLES rounds, one sample of every path in each.
+        samples = [[] for _ in ready]
+        for _ in range(SAMPLES):
+            for (_, impl, _, fn, _), taken in zip(ready, samples):
+                with pinned(impl):
+                    taken.append(sample_us(fn))
+        for (label, impl, mode, _, err), taken in zip(ready, samples):
+            host = statistics.median(h for h, _ in taken)
+            b2b = statistics.median(b for _, b in taken)
             rows.append({"impl": impl, "mode": mode, "op": "attention", **SHAPE, "dtype": dtype_name,
                          "causal": False, "ms": host / 1e3, "host_us": host, "b2b_us": b2b, "rel_err": err})
             print(f"  {label:48s} host {host:7.2f} us/call, back-to-back {b2b:7.2f} us/call, rel err {err:.1e}",
