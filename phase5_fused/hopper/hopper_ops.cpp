@@ -116,21 +116,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   at::Tensor lse = return_lse ? at::empty({s.B, s.H, s.Sq}, q.options().dtype(at::kFloat))
                               : at::empty({0}, q.options().dtype(at::kFloat));
 
-  // The kernels fold c = scale log2 e into the exponent and take the row max of the unscaled
-  // scores, which needs c > 0. Otherwise, the same scores from a copy of q: q -> -q with -scale,
-  // and a scale that is zero in FP32 (all scores 0) as q -> 0 with c = 1.
-  float c = static_cast<float>(scale) * 1.4426950408889634f;
-  at::Tensor q_in = q;
-  if (!(c > 0.0f)) {
-    c = -c;
-    q_in = c > 0.0f ? q.neg() : at::zeros_like(q);
-    if (!(c > 0.0f)) c = 1.0f;
-  }
+  // The kernels fold c = scale log2 e into the exponent (course::fold_scale: c > 0).
+  const course::FoldedScale folded = course::fold_scale(q, static_cast<float>(scale));
 
   const int D = static_cast<int>(s.D);
   const hopper::TileSize tile = hopper::tile_size(static_cast<int>(version), D);
   hopper::Params p{};
-  p.q_map = make_tensor_map(q_in, tile.rows);
+  p.q_map = make_tensor_map(folded.q, tile.rows);
   p.k_map = make_tensor_map(k, tile.keys);
   p.v_map = make_tensor_map(v, tile.keys);
   p.o = out.data_ptr();
@@ -144,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   p.H_kv = static_cast<int>(k.size(1));
   p.Sq = static_cast<int>(s.Sq);
   p.Sk = static_cast<int>(s.Sk);
-  p.scale_log2 = c;
+  p.scale_log2 = folded.c;
   p.causal = is_causal ? 1 : 0;
   const auto dtype = q.scalar_type() == at::kBFloat16 ? hopper::Dtype::kBFloat16 : hopper::Dtype::kFloat16;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

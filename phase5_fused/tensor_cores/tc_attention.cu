@@ -36,6 +36,7 @@
 
 #include <cstdint>
 
+#include "attention_args.h"
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "shared_memory_opt_in.h"
@@ -524,18 +525,10 @@ void launch_for_padding(const Params& p, int D, int B, at::ScalarType dtype, cud
 void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                          float* lse, const int* key_lengths, const course::AttentionMasking& masking,
                          float scale, int window, cudaStream_t stream) {
-  // The kernel takes the row max of the unscaled scores, which needs c = scale log2 e > 0.
-  // Otherwise, the same scores from a copy of q: q -> -q with -scale, and a scale that is zero in
-  // FP32 (all scores 0) as q -> 0 with c = 1.
-  float c = scale * kLog2e;
-  at::Tensor q_in = q;
-  if (!(c > 0.0f)) {
-    c = -c;
-    q_in = c > 0.0f ? q.neg() : at::zeros_like(q);
-    if (!(c > 0.0f)) c = 1.0f;
-  }
+  // The kernel takes the row max of the unscaled scores (course::fold_scale: c > 0).
+  const course::FoldedScale folded = course::fold_scale(q, scale);
   Params p;
-  p.q = q_in.data_ptr();
+  p.q = folded.q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.o = out.data_ptr();
@@ -546,7 +539,7 @@ void launch_tc_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.Sk = static_cast<int>(k.size(2));
   p.H_kv = static_cast<int>(k.size(1));
   p.window = window;
-  p.scale_log2 = c;
+  p.scale_log2 = folded.c;
   p.masking = masking;
   const int B = static_cast<int>(q.size(0));
   const int D = static_cast<int>(q.size(3));

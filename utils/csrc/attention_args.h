@@ -153,4 +153,18 @@ inline void check_av_operands(const at::Tensor& p, const at::Tensor& v, const ch
   check_unfused_head_dim(v.size(3), "v", phase);
 }
 
+// The scale as kernels that fold c = scale log2 e into the exponent take it: they take the row max
+// of the unscaled scores, which needs c > 0. Otherwise the same scores come from a copy of q:
+// q -> -q with -scale, and a scale that is zero in FP32 (all scores 0) as q -> 0 with c = 1.
+struct FoldedScale {
+  at::Tensor q;  // the q the kernel reads: q itself when c > 0
+  float c;       // > 0
+};
+inline FoldedScale fold_scale(const at::Tensor& q, float scale) {
+  const float c = scale * 1.4426950408889634f;
+  if (c > 0.0f) return {q, c};
+  if (-c > 0.0f) return {q.neg(), -c};
+  return {at::zeros_like(q), 1.0f};
+}
+
 }  // namespace course
