@@ -194,6 +194,9 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   constexpr int kBc = Tile<Dp>::kBc;
   constexpr int kStages = Tile<Dp>::kStages;
   constexpr bool kFold = !kHasMask;  // the scale folded into the exponent (the softmax below)
+  // Dp = 64 without a mask or a window: Q's A fragments loaded once into registers (32 per thread)
+  // instead of by ldmatrix in every key block (README: "Q in registers").
+  constexpr bool kQInRegisters = Dp == 64 && !kHasMask && !kWindow;
   constexpr int kChunks = Dp / 8;           // 16-byte chunks per tile row
   constexpr int kWarpRows = kBr / kWarps;   // query rows owned by one warp
   constexpr int kM = kWarpRows / 16;        // m16 tiles of a warp's rows
@@ -270,6 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
   const uint32_t lane_offset = tc::lane_tile_offset<Dp>(lane);
   const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * Dp) + lane_offset;
+  uint32_t q_frag[kQInRegisters ? kM : 1][kQInRegisters ? Dp / 16 : 1][4];  // with kQInRegisters
 
   for (int j = j_begin; j < n_blocks; ++j) {
     // Wait for K_j, V_j (and Q at the first block); the barrier makes every thread's copies
@@ -284,6 +288,15 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         load_tile<T, Dp, kBc, kPadded>(sV + stage * kBc * Dp, V, jn * kBc, kv_len, D);
       }
       course::cp_async_commit();  // an empty group past the end keeps the wait count uniform
+    }
+    if constexpr (kQInRegisters) {  // Q landed with the first block: its fragments, once
+      if (j == j_begin) {
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+          for (int kk = 0; kk < Dp / 16; ++kk) tc::ldmatrix_x4(q_frag[mt][kk], tc::ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
+        }
+      }
     }
     const int kv0 = j * kBc;
     const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * Dp) + lane_offset;
@@ -311,7 +324,14 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     for (int kk = 0; kk < Dp / 16; ++kk) {
       uint32_t a[kM][4];
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) tc::ldmatrix_x4(a[mt], tc::ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
+      for (int mt = 0; mt < kM; ++mt) {
+        if constexpr (kQInRegisters) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
+        } else {
+          tc::ldmatrix_x4(a[mt], tc::ldsm_addr<Dp>(q_lane, mt * 16, 2 * kk));
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bk[4];
