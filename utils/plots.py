@@ -33,6 +33,7 @@ COLORS = {
     "phase5_fused_hopper_v2_warp_specialized": "#9e9ac8", "phase5_fused_hopper_v3_intra_overlap": "#c49c94",
     "phase5_fused_hopper_v4_pingpong": "#ad494a", "phase5_fused_hopper_v5_tiles": "#4d9221",
     "phase5_fused_hopper_v6_persistent": "#c51b7d", "phase5_fused_hopper_v7_split_tail": "#01665e",
+    "phase5_fused_hopper_v8_stream_k": "#8073ac",
     "phase5_fused_bwd": "#74c476", "phase5_fused_bwd_tc": "#6baed6",
     "phase5_decode": "#d94801", "phase5_decode_paged": "#fdd0a2", "phase5_decode_cuda_cores": "#a63603",
 }

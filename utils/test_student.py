@@ -83,7 +83,7 @@ PORTS = ("phase5_fused/fp32/fused_v2_register_tiles.cu", "phase5_fused/fp32/fuse
          "phase5_fused/tensor_cores/tc_attention.cu", "phase5_fused/tensor_cores/tc_versions.cuh",
          "phase5_fused/decode/decode_split.cu",
          "phase5_fused/decode/decode_merge.cuh", "phase5_fused/hopper/hopper_kernel.cuh",
-         "phase5_fused/hopper/hopper_v7_split_tail.cu",
+         "phase5_fused/hopper/hopper_merge.cuh",
          "phase6_layernorm_mlp/linear_tile.cuh",
          "phase6_layernorm_mlp/linear.cu")
 

@@ -33,7 +33,8 @@ from utils.checks import check_attention_inputs, dim_in, plain_arguments, record
 NAME = "phase5_fused_hopper"
 SOURCES = ["hopper_v1_wgmma_tma.cu", "hopper_v2_warp_specialized.cu", "hopper_v3_intra_overlap.cu",
            "hopper_v4_pingpong.cu", "hopper_v5_tiles.cu",
-           "hopper_v6_persistent.cu", "hopper_v7_split_tail.cu", "hopper_bwd.cu", "hopper_ops.cpp",
+           "hopper_v6_persistent.cu", "hopper_v7_split_tail.cu", "hopper_v8_stream_k.cu", "hopper_bwd.cu",
+           "hopper_ops.cpp",
            "hopper_autograd.cpp",
            # the backward lesson's checks and D_i, compiled into this extension too
            "../backward/bwd_prepare.cpp", "../backward/bwd_preprocess.cu"]
@@ -44,7 +45,7 @@ SUPPORTED_D = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # The versions of the lesson, in order (hopper_v<N>_*.cu): the op's `version` argument is N.
 VERSIONS = ("v1_wgmma_tma", "v2_warp_specialized", "v3_intra_overlap", "v4_pingpong", "v5_tiles",
-            "v6_persistent", "v7_split_tail")
+            "v6_persistent", "v7_split_tail", "v8_stream_k")
 DEFAULT_VERSION = "v7_split_tail"
 # The op's `version` argument for each version name.
 VERSION_NUMBERS = {name: n for n, name in enumerate(VERSIONS, start=1)}

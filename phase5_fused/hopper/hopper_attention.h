@@ -1,6 +1,7 @@
 // Host interface of the Hopper attention kernels (forward: hopper_v1_wgmma_tma.cu,
 // hopper_v2_warp_specialized.cu, hopper_v3_intra_overlap.cu, hopper_v4_pingpong.cu,
-// hopper_v5_tiles.cu, hopper_v6_persistent.cu, hopper_v7_split_tail.cu; backward: hopper_bwd.cu),
+// hopper_v5_tiles.cu, hopper_v6_persistent.cu, hopper_v7_split_tail.cu, hopper_v8_stream_k.cu;
+// backward: hopper_bwd.cu),
 // called by hopper_ops.cpp.
 // Plain C++: no device code, so the .cpp can include it.
 #pragma once
@@ -15,12 +16,12 @@ namespace hopper {
 // Head dims with compiled kernels: a K/V row is one or two 128-byte swizzle panels (README: Why D = 64 and 128).
 inline bool supported_head_dim(int64_t d) { return d == 64 || d == 128; }
 
-// v7's work beyond whole tiles (hopper_v7_split_tail.cu): the last tiles of the grid, each cut
-// into `splits` pieces along the keys, whose partial results meet in FP32 buffers. launch_v7 fills
-// it; the other versions ignore it.
+// The work of v7 and v8 beyond whole tiles (hopper_v7_split_tail.cu, hopper_v8_stream_k.cu): the
+// last tiles of the grid, each cut into pieces along the keys, whose partial results meet in FP32
+// buffers (hopper_merge.cuh). launch_v7 and launch_v8 fill it; the other versions ignore it.
 struct SplitTail {
-  int whole_tiles;     // CTAs 0 .. whole_tiles - 1 run whole tiles, in v5's grid order
-  int splits;          // pieces of each tile after them
+  int whole_tiles;     // the tiles before the cut ones, in v5's grid order (v7: one CTA each; v8: whole rounds)
+  int splits;          // v7: pieces of each cut tile; v8: the most pieces of a cut tile (the buffers' stride)
   float* partial_o;    // [split tiles, splits, consumers, D / 8, 128] float4: a piece's O / l, by fragment
   float* partial_lse;  // [split tiles, splits, consumers, 128] float2: its rows' log2-sum-exp
   int* arrivals;       // [split tiles, consumers] pieces of the tile finished, per warpgroup: zero at the
@@ -43,7 +44,7 @@ struct Params {
   int H_kv;                   // K/V heads: query head h reads K/V head h / (H / H_kv)
   float scale_log2;           // c = scale * log2(e) > 0: exp(scale x) = 2^(c x)
   int causal;                 // query i sees keys j <= i (top-left aligned)
-  SplitTail split;            // v7 only
+  SplitTail split;            // v7 and v8 only
 };
 
 // A CTA's tile, shared by the host (tensor-map boxes, grid) and the kernels: `rows` query rows (64
@@ -60,6 +61,10 @@ constexpr TileSize tile_size(int version, int d) {
 
 enum class Dtype { kFloat16, kBFloat16 };
 
+// The versions, hopper_v1_*.cu .. hopper_v8_*.cu (the op's `version` argument; __init__.py's VERSIONS
+// names them in order).
+constexpr int kVersions = 8;
+
 // Launch one version on `stream` (checks the launch). D in {64, 128}; p's maps built for
 // tile_size(version, D).
 void launch_v1(const Params& p, int D, Dtype dtype, cudaStream_t stream);
@@ -69,6 +74,7 @@ void launch_v4(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v5(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v7(const Params& p, int D, Dtype dtype, cudaStream_t stream);
+void launch_v8(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
 // The backward's arguments (hopper_bwd.cu). q, k, v and dO contiguous [B, H, S, D] (one K/V head
 // per query head), seen by TMA as the forward's are: boxes of 64 columns x kBwdBr (q, dO) or kBwdBc

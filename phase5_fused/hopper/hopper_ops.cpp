@@ -1,7 +1,7 @@
 // Torch ops of the Hopper attention kernels (namespace phase5_fused_hopper): validation that names
 // the argument, the TMA tensor maps, then the launch on the current CUDA stream.
 //   attention(q, k, v, is_causal, scale, key_lengths, return_lse, version) -> (out, lse)
-//       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 7 (hopper_v*.cu).
+//       lse is [B, H, Sq] FP32 when return_lse, else an empty tensor. version: 1 to 8 (hopper_v*.cu).
 //   attention_inference(...)   the same op without an autograd formula
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
@@ -95,7 +95,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const course::AttentionShape s =
       course::check_qkv(q, k, v, q.scalar_type(), /*grouped=*/true, /*rows_contiguous=*/true);
   TORCH_CHECK(hopper::supported_head_dim(s.D), "head dim D=", s.D, " (q.size(3)) is not supported: use 64 or 128");
-  TORCH_CHECK(version >= 1 && version <= 7, "version must be 1, 2, 3, 4, 5, 6 or 7, got ", version);
+  TORCH_CHECK(version >= 1 && version <= hopper::kVersions, "version must be 1 to ", hopper::kVersions, ", got ",
+              version);
   check_fits_int32(s.B, s.H, s.Sq, s.Sk);
   TORCH_CHECK(s.B <= 65535 && s.H <= 65535, "q must have at most 65535 batches and heads (grid limits), got ",
               q.sizes());
@@ -152,8 +153,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     hopper::launch_v5(p, D, dtype, stream);
   } else if (version == 6) {
     hopper::launch_v6(p, D, dtype, stream);
-  } else {
+  } else if (version == 7) {
     hopper::launch_v7(p, D, dtype, stream);
+  } else {
+    hopper::launch_v8(p, D, dtype, stream);
   }
   return {out, lse};
 }

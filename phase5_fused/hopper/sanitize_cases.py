@@ -6,7 +6,8 @@ Sizes: Sq = 17 and Sk = 300 (neither a multiple of the 128-row tiles, Sq != Sk, 
 that a stage of the 2-stage ring is refilled), batches with a key length inside the second and
 the third block (their V rows are zeroed in shared memory: by the consumers in v1-v3, by the
 producer in v4-v7) and one with none, causal and not, with the lse; K/V of H_kv = 1 head for the
-H = 2 query heads (grouped-query attention: both heads read the same K/V tiles).
+H = 2 query heads (grouped-query attention: both heads read the same K/V tiles); v8 with H = 25,
+so that on a 132-SM H100 its non-causal D = 128 calls cut their 100 tiles into Stream-K shares.
 
 The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
 (three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
@@ -36,11 +37,12 @@ def main() -> int:
     if tuple(torch.cuda.get_device_capability()) != hopper.HOPPER:
         print("not a Hopper GPU (sm_90): the sm_90a kernels cannot run here, nothing to sanitize")
         return 0
-    B, H, H_kv, Sq, Sk = 4, 2, 1, 17, 300
+    B, H_kv, Sq, Sk = 4, 1, 17, 300
     # every key, a tail in the second block, none, a tail in the third (its stage's second fill)
     lengths = torch.tensor([Sk, 133, 0, 290], device="cuda", dtype=torch.int32)
     cases = 0
     for version in hopper.VERSIONS:
+        H = 25 if version == "v8_stream_k" else 2
         for dtype in hopper.DTYPES:
             for D in hopper.SUPPORTED_D:
                 q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype, H_kv=H_kv)

@@ -170,29 +170,48 @@ def test_split_tail_after_whole_tiles(D, H, dtype):
 
 
 @requires_hopper
-@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
-def test_split_tail_is_deterministic(D):
-    """The pieces of a tile finish in any order, and the one that finishes last merges: the merge
-    runs in piece order, so repeated calls give the same bits."""
-    q, k, v, info = make_qkv(2, 3, 1000, 1000, D, torch.float16)
-    first, first_lse = run(q, k, v, return_lse=True, version="v7_split_tail")
-    for _ in range(5):
-        out, lse = run(q, k, v, return_lse=True, version="v7_split_tail")
-        assert torch.equal(out, first) and torch.equal(lse, first_lse), f"v7 differs between calls {info}"
+@pytest.mark.parametrize("dtype", hopper.DTYPES, ids=DTYPE_IDS.get)
+def test_stream_k_tail_after_whole_rounds(dtype):
+    """v8 at D=128 with whole rounds and a Stream-K tail in one grid. On a 132-SM H100 at B=1, H=29,
+    S=1000 there are 232 tiles of 8 key blocks: one whole round, and 100 tiles cut into 132 shares of
+    6 blocks (pieces of two tiles per share at most); at B=3, H=10 key padding of 390 keys leaves
+    the pieces past a tile's fourth block without a block, and one batch has no key."""
+    q, k, v, info = make_qkv(1, 29, 1000, 1000, 128, dtype)
+    check(q, k, v, info, "v8_stream_k")
+    q, k, v, info = make_qkv(3, 10, 1000, 1000, 128, dtype)
+    lengths = torch.tensor([1000, 0, 390], device="cuda", dtype=torch.int32)
+    check(q, k, v, info, "v8_stream_k", key_lengths=lengths)
+
+
+# Calls of the versions that cut tiles along the keys, at shapes where they cut on a 132-SM H100:
+# v7's at both D; v8's at D = 128 (at D = 64 it runs v7).
+CUT_CASES = [("v7_split_tail", 64, 2, 3), ("v7_split_tail", 128, 2, 3), ("v8_stream_k", 128, 1, 29)]
 
 
 @requires_hopper
-@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
-def test_split_tail_counters_per_stream_and_in_graphs(D):
-    """v7's arrival counters are zeroed once per stream and left at zero by every call: calls on two
+@pytest.mark.parametrize("version,D,B,H", CUT_CASES)
+def test_split_tail_is_deterministic(version, D, B, H):
+    """The pieces of a tile finish in any order, and the one that finishes last merges: the merge
+    runs in piece order, so repeated calls give the same bits."""
+    q, k, v, info = make_qkv(B, H, 1000, 1000, D, torch.float16)
+    first, first_lse = run(q, k, v, return_lse=True, version=version)
+    for _ in range(5):
+        out, lse = run(q, k, v, return_lse=True, version=version)
+        assert torch.equal(out, first) and torch.equal(lse, first_lse), f"{version} differs between calls {info}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("version,D,B,H", CUT_CASES)
+def test_split_tail_counters_per_stream_and_in_graphs(version, D, B, H):
+    """The arrival counters are zeroed once per stream and left at zero by every call: calls on two
     streams in flight together, a call captured in a CUDA graph and replayed, and the calls after
-    it all merge every split tile (a counter left behind would skip a merge: NaN rows)."""
-    q, k, v, info = make_qkv(2, 3, 1000, 1000, D, torch.float16)
-    expected = run(q, k, v, version="v7_split_tail")
-    results = outputs_across_streams_and_graphs(lambda: hopper.attention(q, k, v, version="v7_split_tail"),
-                                                after=lambda: run(q, k, v, version="v7_split_tail"))
+    it all merge every cut tile (a counter left behind would skip a merge: NaN rows)."""
+    q, k, v, info = make_qkv(B, H, 1000, 1000, D, torch.float16)
+    expected = run(q, k, v, version=version)
+    results = outputs_across_streams_and_graphs(lambda: hopper.attention(q, k, v, version=version),
+                                                after=lambda: run(q, k, v, version=version))
     for name, out in results.items():
-        assert torch.equal(out, expected), f"v7 on the {name} differs from the first call {info}"
+        assert torch.equal(out, expected), f"{version} on the {name} differs from the first call {info}"
 
 
 @requires_hopper
@@ -522,7 +541,7 @@ def test_op_checks_name_the_argument():
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         ops.attention(x, x, x, False, 0.125, None, False, 2)
     past_last = len(hopper.VERSIONS) + 1
-    with pytest.raises(RuntimeError, match=f"version must be 1, .*got {past_last}"):
+    with pytest.raises(RuntimeError, match=f"version must be 1 to {len(hopper.VERSIONS)}, got {past_last}"):
         ops.attention(q, k, v, False, 0.125, None, False, past_last)
     with pytest.raises(RuntimeError, match="q's last dim \\(D\\) must be contiguous"):
         ops.attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, False, 0.125, None, False, 2)
