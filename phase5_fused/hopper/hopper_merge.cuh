@@ -64,7 +64,11 @@ __device__ __forceinline__ void merge_pieces(float (&o)[D / 2], const float (&m)
     merges[wg] = last;
   }
   named_barrier_sync(barrier, kWarpgroup);
-  if (!merges[wg]) return;
+  // merges[wg] is the same in every thread, but ptxas cannot know that of a shared-memory load: a
+  // branch on it would leave the rest of a persistent loop (v8) possibly divergent, and ptxas would
+  // move the ring's stage arithmetic out of the uniform datapath (an R2UR before every wgmma). A
+  // warp vote's result is the same in every lane by construction.
+  if (!__any_sync(0xffffffffu, merges[wg])) return;
   __threadfence();
 
   // 3. Merge every piece, this one's too, in piece order from the buffers (L2 reads: __ldcg), so

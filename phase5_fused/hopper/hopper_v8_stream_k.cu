@@ -9,7 +9,8 @@
 // piece paid a CTA's start and a merge. v8 keeps v6's persistent CTAs for the whole rounds and then
 // hands every CTA an even share of the tail's key blocks, cut tiles = tiles % G, W = cut tiles x n
 // blocks in all:
-//   CTA c takes blocks [c W / G, (c + 1) W / G) of the cut tiles laid end to end,
+//   CTA c takes blocks [start(c), start(c + 1)) of the cut tiles laid end to end, W / G of them
+//   and one more for the first W % G CTAs,
 // about three quarters of a tile each at that shape, so a CTA's share covers the end of one tile
 // and the start of the next: pieces of one or two tiles, which its persistent loop runs as items
 // (hopper_persistent.cuh) after its whole tiles, the K/V ring and Q carried on as between tiles. A
@@ -34,16 +35,24 @@ namespace {
 template <int D>
 using Tile = TileShape<tile_size(8, D).rows, tile_size(8, D).keys>;
 
-// The shares of the tail: W blocks (the cut tiles' n blocks each, end to end) over G CTAs.
+// The shares of the tail: W blocks (the cut tiles' n blocks each, end to end) over G CTAs, q = W / G
+// each and one more for the first r = W % G. All in 32 bits (the host runs v6 where W >= 2^31): a
+// 64-bit division is a called routine, around which the producer, at 24 registers, spilled more.
 struct Shares {
-  int64_t W;  // blocks of the cut tiles
-  int64_t n;  // blocks per tile
-  int G;      // CTAs
-  __host__ __device__ int64_t start(int c) const { return c * W / G; }  // CTA c's first block
-  // The CTA whose share holds block x: the largest c with start(c) <= x.
-  __host__ __device__ int cta_of(int64_t x) const { return static_cast<int>(((x + 1) * G - 1) / W); }
+  uint32_t n;  // blocks per tile
+  uint32_t q;  // blocks per share, W / G
+  uint32_t r;  // shares with one block more, W % G
+  __host__ __device__ Shares(uint32_t W, uint32_t blocks_per_tile, uint32_t G) : n(blocks_per_tile), q(W / G), r(W % G) {}
+  __host__ __device__ uint32_t start(uint32_t c) const { return c * q + (c < r ? c : r); }  // CTA c's first block
+  // The CTA whose share holds block x.
+  __host__ __device__ uint32_t cta_of(uint32_t x) const {
+    const uint32_t long_part = r * (q + 1);  // blocks of the r longer shares
+    return x < long_part ? x / (q + 1) : r + (x - long_part) / q;
+  }
   // CTAs sharing cut tile t.
-  __host__ __device__ int pieces(int64_t t) const { return cta_of(t * n + n - 1) - cta_of(t * n) + 1; }
+  __host__ __device__ int pieces(uint32_t t) const {
+    return static_cast<int>(cta_of(t * n + n - 1) - cta_of(t * n) + 1);
+  }
 };
 
 // The persistent loop's list (hopper_persistent.cuh) for CTA c: its whole tiles (v6's rounds,
@@ -52,15 +61,14 @@ template <int D>
 struct StreamKTail {
   __device__ int m_blocks(const Params& p) const { return (p.Sq + Tile<D>::kBM - 1) / Tile<D>::kBM; }
   __device__ Shares shares(const Params& p) const {
-    const int64_t cut = static_cast<int64_t>(m_blocks(p)) * p.H * p.B - p.split.whole_tiles;
-    const int64_t n = (p.Sk + Tile<D>::kBN - 1) / Tile<D>::kBN;
-    return Shares{cut * n, n, static_cast<int>(gridDim.x)};
+    const uint32_t cut = static_cast<uint32_t>(m_blocks(p) * p.H * p.B - p.split.whole_tiles);
+    const uint32_t n = static_cast<uint32_t>((p.Sk + Tile<D>::kBN - 1) / Tile<D>::kBN);
+    return Shares(cut * n, n, gridDim.x);
   }
   __device__ int rounds(const Params& p) const { return p.split.whole_tiles / static_cast<int>(gridDim.x); }
   __device__ int items(const Params& p) const {
     const Shares sh = shares(p);
-    const int c = static_cast<int>(blockIdx.x);
-    const int64_t first = sh.start(c), end = sh.start(c + 1);
+    const uint32_t first = sh.start(blockIdx.x), end = sh.start(blockIdx.x + 1);
     return rounds(p) + (end > first ? static_cast<int>((end - 1) / sh.n - first / sh.n + 1) : 0);
   }
   __device__ bool at(const Params& p, int w, Work& work) const {
@@ -71,15 +79,15 @@ struct StreamKTail {
     }
     // Piece k of the CTA's share: cut tile t, its blocks [j0, j1).
     const Shares sh = shares(p);
-    const int64_t first = sh.start(c), end = sh.start(c + 1);
-    const int64_t t = first / sh.n + (w - rounds(p));
-    const int j0 = static_cast<int>(std::max(first, t * sh.n) - t * sh.n);
-    const int j1 = static_cast<int>(std::min(end, (t + 1) * sh.n) - t * sh.n);
+    const uint32_t first = sh.start(c), end = sh.start(c + 1);
+    const uint32_t t = first / sh.n + static_cast<uint32_t>(w - rounds(p));
+    const int j0 = static_cast<int>(max(first, t * sh.n) - t * sh.n);
+    const int j1 = static_cast<int>(min(end, (t + 1) * sh.n) - t * sh.n);
     Block b = tile_in_grid_order<Tile<D>>(p, m_blocks(p), p.split.whole_tiles + static_cast<int>(t));
     const int pieces = sh.pieces(t);
     b.j0 = j0;
-    b.n_blocks = std::max(0, std::min(j1, b.n_blocks) - j0);  // b.n_blocks: the tile's visible blocks
-    work = Work{b, pieces > 1 ? static_cast<int>(t) : -1, c - sh.cta_of(t * sh.n), pieces};
+    b.n_blocks = max(0, min(j1, b.n_blocks) - j0);  // b.n_blocks: the tile's visible blocks
+    work = Work{b, pieces > 1 ? static_cast<int>(t) : -1, c - static_cast<int>(sh.cta_of(t * sh.n)), pieces};
     return true;
   }
 };
@@ -99,8 +107,9 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
 
 // v8's cut of a grid of `tiles` tiles of n key blocks on G CTAs: the whole rounds, the cut tiles
 // after them, and the most pieces one of them is cut into (the buffers' stride). cut_tiles = 0
-// where there is no partial round, or where a CTA's share would be under half a tile (short pieces
-// cost more than they save: v7's D = 128 measurement), and v6 runs instead.
+// where there is no partial round, where a CTA's share would be under half a tile (short pieces
+// cost more than they save: v7's D = 128 measurement), or where W would not fit the kernel's 32-bit
+// shares (Sk of billions), and v6 runs instead.
 struct StreamKPlan {
   int64_t whole_tiles;
   int64_t cut_tiles;
@@ -108,10 +117,10 @@ struct StreamKPlan {
 };
 StreamKPlan stream_k_plan(int64_t tiles, int G, int64_t n) {
   const int64_t whole = tiles / G * G, cut = tiles - whole;
-  if (cut == 0 || 2 * (cut * n / G) < n) return {tiles, 0, 1};
-  const Shares sh{cut * n, n, G};
+  if (cut == 0 || 2 * (cut * n / G) < n || cut * n >= (int64_t{1} << 31)) return {tiles, 0, 1};
+  const Shares sh(static_cast<uint32_t>(cut * n), static_cast<uint32_t>(n), static_cast<uint32_t>(G));
   int max_pieces = 1;
-  for (int64_t t = 0; t < cut; ++t) max_pieces = std::max(max_pieces, sh.pieces(t));
+  for (uint32_t t = 0; t < cut; ++t) max_pieces = std::max(max_pieces, sh.pieces(t));
   return {whole, cut, max_pieces};
 }
 
