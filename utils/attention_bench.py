@@ -1,5 +1,6 @@
 """The attention benchmark every phase's run.py shares: same inputs for every implementation,
-peers in the same run, rows in the results schema (utils/plots.py draws them).
+peers in the same run and timed in turns with it, rows in the results schema (utils/plots.py
+draws them).
 
 An implementation is a callable f(q, k, v, is_causal) -> out on CUDA float tensors.
 """
@@ -11,7 +12,7 @@ from typing import Callable
 import torch
 
 from utils import reference, roofline
-from utils.bench import peak_extra_mb, sweep, time_cuda
+from utils.bench import peak_extra_mb, sweep, time_cuda, time_in_turns
 from utils.testing import random_qkv, rel_error
 
 # Above this many float64 score elements the accuracy check is skipped (reference memory).
@@ -23,12 +24,17 @@ def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: 
     """Time fn(q, k, v, causal) and describe it as a results row (TFLOP/s and GB/s from
     utils.roofline's attention formulas; extra_mb = peak memory beyond the inputs). timing: keyword
     arguments of utils.bench.time_cuda (warmup, reps, max_seconds)."""
+    ms = time_cuda(lambda: fn(q, k, v, causal), **timing)
+    return timed_row(impl, fn, q, k, v, causal, ms, ref, op, stride)
+
+
+def timed_row(impl: str, fn: Callable, q, k, v, causal: bool, ms: float, ref=None, op: str = "attention",
+              stride: int = 1) -> dict:
+    """The results row of fn(q, k, v, causal), whose median time ms was measured by the caller."""
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
-    elem = q.element_size()
-    ms = time_cuda(lambda: fn(q, k, v, causal), **timing)
     flops = roofline.attention_flops(B, H, Sq, Sk, D, causal, stride)
-    nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, elem, H_kv=k.shape[1])
+    nbytes = roofline.attention_bytes(B, H, Sq, Sk, D, q.element_size(), H_kv=k.shape[1])
     row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": Sq, "Sk": Sk, "D": D,
            "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
            "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms),
@@ -40,17 +46,45 @@ def attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, op: 
     return row
 
 
+def skip_note(impl: str, q, exc: Exception) -> None:
+    """The printed note of an implementation left out of a config: out of memory, or the inputs
+    rejected (an unsupported D, say)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        print(f"    {impl}: out of memory at S={q.shape[2]}, skipped", flush=True)
+    else:
+        print(f"    {impl}: skipped at S={q.shape[2]} ({str(exc).splitlines()[0][:100]})", flush=True)
+
+
+SKIPPED = (torch.cuda.OutOfMemoryError, RuntimeError, ValueError, TypeError)
+
+
 def try_attention_row(impl: str, fn: Callable, q, k, v, causal: bool, ref=None, **kwargs) -> dict | None:
     """attention_row, or None with a printed note when the implementation runs out of memory or
     rejects the inputs (an unsupported D, say)."""
     try:
         return attention_row(impl, fn, q, k, v, causal, ref, **kwargs)
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        print(f"    {impl}: out of memory at S={q.shape[2]}, skipped", flush=True)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        print(f"    {impl}: skipped at S={q.shape[2]} ({str(exc).splitlines()[0][:100]})", flush=True)
+    except SKIPPED as exc:
+        skip_note(impl, q, exc)
     return None
+
+
+def try_attention_rows(impls: dict[str, Callable], q, k, v, causal: bool, ref=None, op: str = "attention",
+                       **timing) -> dict[str, dict]:
+    """The rows of every implementation on the same inputs, timed in turns (utils.bench.time_in_turns:
+    one sample of each per round), by name in the dict's order. An implementation whose first call
+    runs out of memory or rejects the inputs is left out with a printed note, before any timing.
+    timing: keyword arguments of time_in_turns (warmup, reps, max_seconds)."""
+    runs = {}
+    for impl, fn in impls.items():
+        try:
+            fn(q, k, v, causal)
+        except SKIPPED as exc:
+            skip_note(impl, q, exc)
+            continue
+        runs[impl] = lambda fn=fn: fn(q, k, v, causal)
+    ms = time_in_turns(runs, **timing)
+    return {impl: timed_row(impl, impls[impl], q, k, v, causal, ms[impl], ref, op) for impl in runs}
 
 
 def numbered_versions(rows: list[dict | None], ideas: list[str]) -> list[dict]:
@@ -86,9 +120,9 @@ def benchmark_attention(impls: dict[str, Callable], configs: list[dict], dtype=t
         ref = None
         if B * H * S * Sk <= REFERENCE_LIMIT // 8:
             ref = reference.attention(q, k, v, is_causal=causal)
-        rows = [try_attention_row(name, fn, q, k, v, causal, ref) for name, fn in impls.items()]
+        rows = list(try_attention_rows(impls, q, k, v, causal, ref).values())
         del q, k, v, ref
         torch.cuda.empty_cache()
-        return [r for r in rows if r is not None]
+        return rows
 
     return sweep(configs, run_config, desc, count)

@@ -8,7 +8,12 @@ path is slower looks slower on the GPU too. time_cuda therefore gives the host a
 the default): after the flush it queues a spin of about twice the call's measured host time, so the
 kernels are queued before the GPU reaches the start event, and the events time the GPU's work alone.
 The host cost of a call is measured on its own where it matters (final.benchmark's per-call cost),
-and whole-model wall times pass gpu_only=False."""
+and whole-model wall times pass gpu_only=False.
+
+Implementations compared in one table are timed in turns (time_in_turns): each round times every one
+of them once, so that a GPU whose speed drifts during a long sweep (its clock, its temperature)
+moves every implementation's samples alike, instead of charging the drift to whichever was timed
+last."""
 
 from __future__ import annotations
 
@@ -86,24 +91,34 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, reps: int = 30, flush_l
     the GPU's work, not the host's. gpu_only=False times what a caller waits for one call, host
     included. Stops early after max_seconds of timed calls, with at least 5 samples.
     """
+    return time_in_turns({"fn": fn}, warmup, reps, flush_l2, max_seconds, flush, gpu_only)["fn"]
+
+
+def time_in_turns(fns: dict[str, Callable[[], object]], warmup: int = 5, reps: int = 30, flush_l2: bool = True,
+                  max_seconds: float = 3.0, flush: str = "write", gpu_only: bool = True) -> dict[str, float]:
+    """Median milliseconds of every fn, each timed as time_cuda times one, in turns: round r takes
+    one sample of every fn, in the dict's order (module docstring). Stops early once the timed calls
+    took max_seconds per fn on average, with at least 5 rounds."""
     if flush not in FLUSHES:
         raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
-    for _ in range(warmup):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
-    spin = head_start_cycles(host_seconds(fn)) if gpu_only else 0
-    samples: list[float] = []
+    spins = {name: head_start_cycles(host_seconds(fn)) if gpu_only else 0 for name, fn in fns.items()}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     spent = 0.0
-    for _ in range(reps):
-        if flush_l2:
-            evict_l2(flush)
-        if spin:
-            torch.cuda._sleep(spin)
-        samples.append(timed_call(fn)[1])
-        spent += samples[-1] / 1e3
-        if spent > max_seconds and len(samples) >= 5:
+    for rounds in range(1, reps + 1):
+        for name, fn in fns.items():
+            if flush_l2:
+                evict_l2(flush)
+            if spins[name]:
+                torch.cuda._sleep(spins[name])
+            samples[name].append(timed_call(fn)[1])
+            spent += samples[name][-1] / 1e3
+        if spent > max_seconds * len(fns) and rounds >= 5:
             break
-    return statistics.median(samples)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def profile_ranges(fn: Callable[[], object], ranges: Iterable[str]):

@@ -1,11 +1,11 @@
-"""The timing helper's arguments and head start (CPU), both L2 flushes and what the events time (GPU)."""
+"""The timing helpers' arguments, head start and turns (CPU), both L2 flushes and what the events time (GPU)."""
 
 import pytest
 import torch
 
 import time
 
-from utils.bench import FLUSHES, MAX_HEAD_START_S, SPIN_CLOCK_HZ, head_start_cycles, time_cuda
+from utils.bench import FLUSHES, MAX_HEAD_START_S, SPIN_CLOCK_HZ, head_start_cycles, time_cuda, time_in_turns
 from utils.testing import requires_gpu
 
 
@@ -39,6 +39,52 @@ def test_gpu_only_keeps_the_host_time_out_of_the_events():
 def test_both_flushes_time_a_kernel(flush):
     x = torch.randn(1 << 20, device="cuda")
     assert time_cuda(lambda: x * 2, reps=5, flush=flush) > 0
+
+
+def test_time_in_turns_takes_one_sample_of_every_fn_per_round(monkeypatch):
+    """The samples alternate between the fns (a drift of the GPU moves them alike), every fn gets
+    its own median, and the rounds stop early (at 5 at least) once max_seconds per fn is spent."""
+    from utils import bench
+
+    order, ms = [], {"a": 2.0, "b": 4.0}
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "timed_call", lambda fn: (None, ms[fn()]))
+    fns = {name: (lambda name=name: order.append(name) or name) for name in ms}
+    medians = bench.time_in_turns(fns, warmup=0, reps=30, flush_l2=False, max_seconds=0.001, gpu_only=False)
+    assert medians == ms
+    assert order == ["a", "b"] * 5
+
+
+@requires_gpu
+def test_time_in_turns_times_each_fn_on_its_own():
+    x = torch.randn(1 << 22, device="cuda")
+    medians = time_in_turns({"one": lambda: x * 2, "eight": lambda: [x * 2 for _ in range(8)]}, reps=7)
+    assert list(medians) == ["one", "eight"] and 0 < medians["one"] < medians["eight"]
+
+
+def test_attention_rows_are_timed_together_and_leave_out_what_rejects_the_inputs(monkeypatch, capsys):
+    """try_attention_rows: the implementations that run are timed in one time_in_turns call, each
+    row carries its own median and error; one that rejects the inputs is left out, by name."""
+    from utils import attention_bench
+
+    timed = []
+
+    def fake_turns(fns, **timing):
+        timed.append(list(fns))
+        return {name: 2.0 + i for i, name in enumerate(fns)}
+
+    def rejects(q, k, v, causal):
+        raise ValueError("D=7 is not supported")
+
+    monkeypatch.setattr(attention_bench, "time_in_turns", fake_turns)
+    monkeypatch.setattr(attention_bench, "peak_extra_mb", lambda fn: 0.0)
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    impls = {"same": lambda q, k, v, causal: q, "rejects": rejects, "twice": lambda q, k, v, causal: 2 * q}
+    rows = attention_bench.try_attention_rows(impls, q, q, q, False, ref=q)
+    assert timed == [["same", "twice"]] and list(rows) == ["same", "twice"]
+    assert rows["same"]["ms"] == 2.0 and rows["twice"]["ms"] == 3.0
+    assert rows["same"]["rel_err"] == 0.0 and rows["twice"]["rel_err"] > 0.5
+    assert "rejects: skipped at S=5 (D=7 is not supported)" in capsys.readouterr().out
 
 
 def test_sweep_prints_each_config_with_the_count_and_the_time_left(capsys):

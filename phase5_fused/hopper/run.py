@@ -4,7 +4,8 @@
    16384} and BF16 at S=4096, every version of the lesson (hopper.VERSIONS: the default one is the
    impl phase5_fused_hopper, the others phase5_fused_hopper_<version>; each row with its version
    number and the idea it adds) beside cuDNN (sdpa_cudnn), FlashAttention-2 (sdpa_flash) and the
-   mma.sync kernel of the previous lesson (phase5_fused_tc), on the same inputs in the same run.
+   mma.sync kernel of the previous lesson (phase5_fused_tc), on the same inputs in the same run,
+   timed in turns (utils.bench.time_in_turns: one sample of each per round).
 2. Nsight Compute on one non-causal FP16 call of every version and of sdpa_cudnn at S=4096, D=64
    and 128, with the warp-state and pipe counters (this script's --profile-target); the records
    are named impl_D<D>.
@@ -66,7 +67,7 @@ def make_inputs(S, D, dtype, seed):
 
 
 def timing(quick: bool) -> dict:
-    """utils.bench.time_cuda arguments: fewer repetitions, capped per point, to fit the time budget."""
+    """utils.bench.time_in_turns arguments: fewer repetitions, capped per point, to fit the time budget."""
     return {"warmup": 2 if quick else 3, "reps": 10 if quick else 20, "max_seconds": 0.2 if quick else 0.5}
 
 
@@ -76,7 +77,7 @@ def timing(quick: bool) -> dict:
 
 def benchmark(quick: bool) -> list[dict]:
     from utils import reference
-    from utils.attention_bench import try_attention_row
+    from utils.attention_bench import try_attention_rows
     from utils.bench import sweep
     from utils.peers import attention_peers
 
@@ -92,18 +93,17 @@ def benchmark(quick: bool) -> list[dict]:
         S, D, causal, dtype = c["S"], c["D"], c["causal"], c["dtype"]
         q, k, v = make_inputs(S, D, dtype, seed=S * 1000 + D * 10 + causal)
         ref = reference.attention(q, k, v, is_causal=causal) if B * H * S * S <= 2**25 else None
-        rows = []
-        for impl, (fn, number, adds) in versions.items():
-            row = try_attention_row(impl, fn, q, k, v, causal, ref, **timing(quick))
-            if row is not None:
-                rows.append({**row, "version": number, "adds": adds})
-        peers = {TC_IMPL: lambda q_, k_, v_, c_: tensor_cores.attention(q_, k_, v_, is_causal=c_)}
+        impls = {impl: fn for impl, (fn, _, _) in versions.items()}
+        impls[TC_IMPL] = lambda q_, k_, v_, c_: tensor_cores.attention(q_, k_, v_, is_causal=c_)
         for name, fn in attention_peers(q, k, v, causal, names=PEERS).items():
-            peers[name] = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, is_causal=c_)
-        rows += [try_attention_row(name, fn, q, k, v, causal, ref, **timing(quick)) for name, fn in peers.items()]
+            impls[name] = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, is_causal=c_)
+        rows = try_attention_rows(impls, q, k, v, causal, ref, **timing(quick))
+        for impl, (_, number, adds) in versions.items():
+            if impl in rows:
+                rows[impl].update(version=number, adds=adds)
         del q, k, v, ref
         torch.cuda.empty_cache()
-        return [r for r in rows if r is not None]
+        return list(rows.values())
 
     return sweep(configs, run_config, "hopper attention")
 

@@ -3,7 +3,7 @@
 1. Attention forward in FP16 at B=4, H=8, D in {64, 128}, causal and not, S from 512 to 32768:
    phase5_fused_tc beside FlashAttention-2 (sdpa_flash), cuDNN (sdpa_cudnn), sdpa_efficient and
    torch_naive, and the previous lesson's FP32 kernel (phase5_fused, on the same values in FP32),
-   on the same inputs in the same run.
+   on the same inputs in the same run; the FP16 ones timed in turns (utils.bench.time_in_turns).
 2. Grouped-query prefill (op attention_gqa): B=4, H=32 query heads over H_kv in {32, 8} KV heads,
    S=4096, D=128, causal and not, beside sdpa_flash with enable_gqa (where this torch takes it).
    Sliding window (op attention_window): B=4, H=8, S=8192, D=128, causal, window in {256, 1024,
@@ -14,8 +14,8 @@
    padded 80 among them, beside sdpa_flash; TFLOP/s count the D columns (4·B·H·S²·D), tile_tflops
    the Dp columns of the tile our kernel runs D on.
    The lesson's versions (section `versions`; tensor_cores.VERSIONS, README "Versions"): each at
-   B=4, H=8, S=4096, D in {64, 128}, FP16, causal and not, beside sdpa_flash on the same inputs in
-   the same run, each row with its version number, the idea it adds and its speed-up over the
+   B=4, H=8, S=4096, D in {64, 128}, FP16, causal and not, beside sdpa_flash on the same inputs,
+   timed in turns with it, each row with its version number, the idea it adds and its speed-up over the
    version before.
 3. Nsight Compute on one non-causal call of phase5_fused_tc and of sdpa_flash at S=4096, D=64 and
    128, with the warp-state and pipe counters (this script's --profile-target); the records are
@@ -92,7 +92,7 @@ def make_inputs(S, D, seed):
 
 def benchmark(seq_lens) -> list[dict]:
     from utils import reference
-    from utils.attention_bench import REFERENCE_LIMIT, try_attention_row
+    from utils.attention_bench import REFERENCE_LIMIT, try_attention_row, try_attention_rows
     from utils.bench import sweep
     from utils.peers import attention_peers
 
@@ -106,8 +106,8 @@ def benchmark(seq_lens) -> list[dict]:
         impls = {IMPL: tc_fn}
         for name, fn in attention_peers(q, k, v, causal, names=PEERS).items():
             impls[name] = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, is_causal=c_)
-        rows = [try_attention_row(name, fn, q, k, v, causal, ref) for name, fn in impls.items()
-                if S <= MAX_S.get(name, S)]
+        impls = {name: fn for name, fn in impls.items() if S <= MAX_S.get(name, S)}
+        rows = list(try_attention_rows(impls, q, k, v, causal, ref).values())
         if S <= MAX_S["phase5_fused"]:
             q32, k32, v32 = (t.float() for t in (q, k, v))
             rows.append(try_attention_row("phase5_fused", fp32_fn, q32, k32, v32, causal, ref))
@@ -217,7 +217,7 @@ def version_rows(quick) -> list[dict]:
     """Every version of VERSION_ROWS at S=HEADLINE_S (quick: a quarter), D in HEAD_DIMS, causal and
     not, beside sdpa_flash on the same inputs: each version's row gets its number, the idea it adds
     and its speed-up over the version before."""
-    from utils.attention_bench import numbered_versions, try_attention_row
+    from utils.attention_bench import numbered_versions, try_attention_rows
     from utils.peers import sdpa
 
     flash = sdpa("sdpa_flash")
@@ -226,12 +226,12 @@ def version_rows(quick) -> list[dict]:
     for D in HEAD_DIMS:
         for causal in (False, True):
             q, k, v = make_inputs(S, D, seed=17 + D + causal)
-            peer = try_attention_row("sdpa_flash", lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_), q, k, v,
-                                     causal)
-            rows += [peer] if peer is not None else []
-            timed = [try_attention_row(VERSION_ROWS[version][0], version_fn(version), q, k, v, causal)
-                     for version in tensor_cores.VERSIONS]
-            rows += numbered_versions(timed, [VERSION_ROWS[version][1] for version in tensor_cores.VERSIONS])
+            impls = {"sdpa_flash": lambda q_, k_, v_, c_: flash(q_, k_, v_, is_causal=c_)}
+            impls.update({VERSION_ROWS[version][0]: version_fn(version) for version in tensor_cores.VERSIONS})
+            timed = try_attention_rows(impls, q, k, v, causal)
+            rows += [timed["sdpa_flash"]] if "sdpa_flash" in timed else []
+            rows += numbered_versions([timed.get(VERSION_ROWS[version][0]) for version in tensor_cores.VERSIONS],
+                                      [VERSION_ROWS[version][1] for version in tensor_cores.VERSIONS])
             del q, k, v
             torch.cuda.empty_cache()
     return rows
