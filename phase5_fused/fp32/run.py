@@ -2,7 +2,8 @@
 
 1. Attention forward at B=4, H=8, D in {64, 128}, causal and not, S from 128 to 32768: the
    teaching, the fast and the tf32x3 kernel beside torch_naive, sdpa_math, sdpa_efficient and phases 2-4, on
-   the same inputs in the same run (the S x S paths and the slow kernels stop at MAX_S).
+   the same inputs in the same run, timed in turns (utils.bench.time_in_turns; the S x S paths and
+   the slow kernels stop at MAX_S).
 2. Every version of the fused kernel (fp32.KERNELS) beside sdpa_efficient at S=4096, D in {64, 128},
    causal and not (section `versions`: each row with its version number, the idea it adds and its
    speed-up over the version before).
@@ -31,7 +32,7 @@ import torch
 
 from phase5_fused import fp32
 from utils import reference
-from utils.attention_bench import attention_row, numbered_versions, try_attention_row
+from utils.attention_bench import attention_row, numbered_versions, try_attention_rows
 from utils.kernel_bench import lesson_main, results_dir
 from utils.testing import random_qkv
 
@@ -111,7 +112,7 @@ def peer_impls(verbose=True) -> dict:
 
 
 def timing(quick: bool) -> dict:
-    """utils.attention_bench.attention_row's time_cuda arguments: fewer repetitions, capped per point."""
+    """utils.bench.time_cuda / time_in_turns arguments: fewer repetitions, capped per point."""
     return {"warmup": 2 if quick else 3, "reps": 10 if quick else 25, "max_seconds": 0.3 if quick else 0.8}
 
 
@@ -122,12 +123,8 @@ def sweep(impls: dict, seq_lens, head_dims, quick) -> list[dict]:
     for n, (D, causal, S) in enumerate(configs, 1):
         q, k, v = random_qkv(B, H, S, S, D)
         ref = reference.attention(q, k, v, is_causal=causal) if B * H * S * S <= REFERENCE_LIMIT else None
-        for name, fn in impls.items():
-            if S > MAX_S.get(name, 1 << 30):
-                continue
-            row = try_attention_row(name, fn, q, k, v, causal, ref, **timing(quick))
-            if row is not None:
-                rows.append(row)
+        runs = {name: fn for name, fn in impls.items() if S <= MAX_S.get(name, 1 << 30)}
+        rows += try_attention_rows(runs, q, k, v, causal, ref, **timing(quick)).values()
         del q, k, v, ref
         torch.cuda.empty_cache()
         print(f"[sweep {n}/{len(configs)}] D={D} causal={causal} S={S} ({time.perf_counter() - start:.0f} s)",
@@ -145,11 +142,12 @@ def version_rows(sdpa_efficient, quick) -> list[dict]:
     for D in (64, 128):
         for causal in (False, True):
             q, k, v = random_qkv(B, H, S, S, D)
-            if sdpa_efficient is not None:
-                rows.append(attention_row("sdpa_efficient", sdpa_efficient, q, k, v, causal, **timing(quick)))
-            timed = [attention_row(VERSIONS[kernel][0], impls[VERSIONS[kernel][0]], q, k, v, causal, **timing(quick))
-                     for kernel in fp32.KERNELS]
-            rows += numbered_versions(timed, [VERSIONS[kernel][1] for kernel in fp32.KERNELS])
+            runs = {} if sdpa_efficient is None else {"sdpa_efficient": sdpa_efficient}
+            runs.update({VERSIONS[kernel][0]: impls[VERSIONS[kernel][0]] for kernel in fp32.KERNELS})
+            timed = try_attention_rows(runs, q, k, v, causal, **timing(quick))
+            rows += [timed["sdpa_efficient"]] if "sdpa_efficient" in timed else []
+            rows += numbered_versions([timed.get(VERSIONS[kernel][0]) for kernel in fp32.KERNELS],
+                                      [VERSIONS[kernel][1] for kernel in fp32.KERNELS])
             del q, k, v
             torch.cuda.empty_cache()
     return rows
