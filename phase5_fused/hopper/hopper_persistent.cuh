@@ -44,6 +44,45 @@ struct PersistentSmem {
   static constexpr int kBytes = kZeroedV + 8 * kStages + 1024;  // + 1024: aligning the base
 };
 
+// The schedule: CTA c of G takes one tile per round r, tile index r G + c (none where that index is
+// past the last tile).
+//   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
+//               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
+//   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
+//               (head, batch) i % (H B)), and in odd rounds CTA c takes r G + G - 1 - c instead: a
+//               CTA that got one of the longest tiles of a round gets one of the shortest of the
+//               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
+//               get the same query block, as long or as short, in every round.)
+__device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) {
+  const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+  const int i = r * G + (p.causal && r % 2 == 1 ? G - 1 - c : c);
+  return i < tiles ? i : -1;
+}
+
+template <class Tl>
+__device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
+  if (!p.causal) return tile_in_grid_order<Tl>(p, m_blocks, i);
+  const int bh = i % (p.H * p.B);
+  return block_at<Tl>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
+}
+
+// v6's list for the persistent loop: one slot per round, each a whole tile (v8 runs the same rounds
+// before its cut tiles).
+template <class Tl>
+struct TileRounds {
+  __device__ int tiles(const Params& p) const { return m_blocks(p) * p.H * p.B; }
+  __device__ int m_blocks(const Params& p) const { return (p.Sq + Tl::kBM - 1) / Tl::kBM; }
+  __device__ int items(const Params& p) const {
+    return (tiles(p) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  }
+  __device__ bool at(const Params& p, int r, Work& work) const {
+    const int t = tile_of_round(p, r, tiles(p));
+    if (t < 0) return false;
+    work = Work{tile_block<Tl>(p, m_blocks(p), t), -1, 0, 1};
+    return true;
+  }
+};
+
 template <typename T, int D, class Tl, class Schedule, class Finish>
 __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule& sched, Finish&& finish) {
   using L = PersistentSmem<D, Tl>;

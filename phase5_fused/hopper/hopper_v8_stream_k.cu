@@ -59,9 +59,9 @@ struct Shares {
 // v5's grid order), then the pieces of its share of the cut tiles.
 template <int D>
 struct StreamKTail {
-  __device__ int m_blocks(const Params& p) const { return (p.Sq + Tile<D>::kBM - 1) / Tile<D>::kBM; }
+  TileRounds<Tile<D>> v6;  // the whole rounds' tile count and query blocks
   __device__ Shares shares(const Params& p) const {
-    const uint32_t cut = static_cast<uint32_t>(m_blocks(p) * p.H * p.B - p.split.whole_tiles);
+    const uint32_t cut = static_cast<uint32_t>(v6.tiles(p) - p.split.whole_tiles);
     const uint32_t n = static_cast<uint32_t>((p.Sk + Tile<D>::kBN - 1) / Tile<D>::kBN);
     return Shares(cut * n, n, gridDim.x);
   }
@@ -72,9 +72,11 @@ struct StreamKTail {
     return rounds(p) + (end > first ? static_cast<int>((end - 1) / sh.n - first / sh.n + 1) : 0);
   }
   __device__ bool at(const Params& p, int w, Work& work) const {
-    const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+    const int c = static_cast<int>(blockIdx.x);
+    // v6's rounds, numbered as TileRounds::at numbers them non-causal (calling it brings its causal
+    // branches into the producer, which then spilled more).
     if (w < rounds(p)) {
-      work = Work{tile_in_grid_order<Tile<D>>(p, m_blocks(p), w * G + c), -1, 0, 1};
+      work = Work{tile_in_grid_order<Tile<D>>(p, v6.m_blocks(p), w * static_cast<int>(gridDim.x) + c), -1, 0, 1};
       return true;
     }
     // Piece k of the CTA's share: cut tile t, its blocks [j0, j1).
@@ -83,7 +85,7 @@ struct StreamKTail {
     const uint32_t t = first / sh.n + static_cast<uint32_t>(w - rounds(p));
     const int j0 = static_cast<int>(max(first, t * sh.n) - t * sh.n);
     const int j1 = static_cast<int>(min(end, (t + 1) * sh.n) - t * sh.n);
-    Block b = tile_in_grid_order<Tile<D>>(p, m_blocks(p), p.split.whole_tiles + static_cast<int>(t));
+    Block b = tile_in_grid_order<Tile<D>>(p, v6.m_blocks(p), p.split.whole_tiles + static_cast<int>(t));
     const int pieces = sh.pieces(t);
     b.j0 = j0;
     b.n_blocks = max(0, min(j1, b.n_blocks) - j0);  // b.n_blocks: the tile's visible blocks
