@@ -19,9 +19,9 @@ that backward takes neither grouped heads nor a window, and only D in backward.T
 other inputs that require grad are refused.
 
 version= picks one of the lesson's versions (VERSIONS, in order, each one idea further; README
-"Versions"): "v1_mma" (tc_v1_mma.cu), "v2_ldmatrix", "v3_swizzle", "v4_cp_async", and "fast"
-(tc_attention.cu, the default, everything above). Versions other than "fast" take the headline
-problem only: D in VERSION_D (64, 128), is_causal and scale, any Sq and Sk, out=; no mask,
+"Versions"): "v1_mma" (tc_v1_mma.cu), "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "v5_exp2",
+"v6_lazy", and "fast" (tc_attention.cu, the default, everything above). Versions other than "fast"
+take the headline problem only: D in VERSION_D (64, 128), is_causal and scale, any Sq and Sk, out=; no mask,
 key_lengths, grouped heads, window or return_lse (ValueError naming the argument), and no gradient:
 an input that requires grad is refused by name (run them under torch.no_grad()).
 
@@ -42,10 +42,10 @@ from utils.checks import (check_attention_inputs, check_cuda_tensor, dim_in, gro
 
 NAME = "phase5_fused_tc"
 SOURCES = ["tc_attention.cu", "tc_ops.cpp", "tc_v1_mma.cu", "tc_v2_ldmatrix.cu", "tc_v3_swizzle.cu",
-           "tc_v4_cp_async.cu"]
-# The versions of the lesson, in order (README "Versions"): tc_v1_mma.cu ... tc_v4_cp_async.cu, then
-# the fast kernel tc_attention.cu. The op attention_version takes the index + 1 of the first four.
-VERSIONS = ("v1_mma", "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "fast")
+           "tc_v4_cp_async.cu", "tc_v5_exp2.cu", "tc_v6_lazy.cu"]
+# The versions of the lesson, in order (README "Versions"): tc_v1_mma.cu ... tc_v6_lazy.cu, then
+# the fast kernel tc_attention.cu. The op attention_version takes the index + 1 of the first six.
+VERSIONS = ("v1_mma", "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "v5_exp2", "v6_lazy", "fast")
 DEFAULT_VERSION = "fast"
 # The head dims of the versions other than "fast" (tc_versions.h).
 VERSION_D = (64, 128)

@@ -4,7 +4,7 @@
 //   attention_out(q, k, v, mask, is_causal, scale, key_lengths, out, window=0)   writes into `out`
 //   attention_lse(q, k, v, mask, is_causal, scale, key_lengths, window=0) -> (out, lse)   lse [B, H, Sq]
 //       float32, the rows' natural-log logsumexp (-inf for a row with no visible key), what the backward needs
-//   attention_version(q, k, v, is_causal, scale, version) -> out   the lesson's version 1-4 (tc_versions.h):
+//   attention_version(q, k, v, is_causal, scale, version) -> out   the lesson's version 1-6 (tc_versions.h):
 //       D in {64, 128}, no mask, key padding, grouped heads, window or lse
 //   attention_version_out(q, k, v, is_causal, scale, version, out)   the same, written into `out`
 // k and v may have H_kv heads (grouped-query attention, H % H_kv == 0); window: a sliding window with
@@ -92,12 +92,12 @@ std::tuple<at::Tensor, at::Tensor> attention_lse(const at::Tensor& q, const at::
   return {out, lse};
 }
 
-// Version 1-4 of the lesson (tc_versions.h) into `out`, for the headline problem only: D in
+// Version 1-6 of the lesson (tc_versions.h) into `out`, for the headline problem only: D in
 // {64, 128}, no mask, key padding, grouped heads, window or lse.
 void attention_version_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
                            double scale, int64_t version, at::Tensor out) {
   TORCH_CHECK(version >= 1 && version <= phase5_tc::kVersions, "version must be 1 to ", phase5_tc::kVersions,
-              " (tc_v1_mma.cu ... tc_v4_cp_async.cu), got ", version);
+              " (tc_v1_mma.cu ... tc_v6_lazy.cu), got ", version);
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16 for the tensor-core kernel, got ", q.scalar_type());
   const course::AttentionShape s = course::check_qkv(q, k, v, q.scalar_type());

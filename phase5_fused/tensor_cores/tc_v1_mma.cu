@@ -1,5 +1,5 @@
-// Phase 5, tensor cores, version 1 of 5: both matmuls on mma.sync m16n8k16 (README "Versions";
-// tc_versions.h lists the five). What the versions share (tiles, masking, the softmax step, the
+// Phase 5, tensor cores, version 1 of 7: both matmuls on mma.sync m16n8k16 (README "Versions";
+// tc_versions.h lists the seven). What the versions share (tiles, masking, the softmax step, the
 // store) is in tc_versions.cuh.
 //
 // The matmuls run on tensor cores, but every fragment register is gathered by ordinary shared

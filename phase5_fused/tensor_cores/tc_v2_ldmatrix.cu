@@ -1,5 +1,5 @@
-// Phase 5, tensor cores, version 2 of 5: fragments loaded by ldmatrix (README "Versions";
-// tc_versions.h lists the five). What the versions share (tiles, masking, the softmax step, the
+// Phase 5, tensor cores, version 2 of 7: fragments loaded by ldmatrix (README "Versions";
+// tc_versions.h lists the seven). What the versions share (tiles, masking, the softmax step, the
 // store) is in tc_versions.cuh.
 //
 // One ldmatrix.x4 loads four 8x8 matrices of b16, each lane giving one row address, into the

@@ -1,5 +1,5 @@
-// Phase 5, tensor cores, version 3 of 5: swizzled shared-memory tiles (README "Versions";
-// tc_versions.h lists the five). What the versions share (tiles, masking, the softmax step, the
+// Phase 5, tensor cores, version 3 of 7: swizzled shared-memory tiles (README "Versions";
+// tc_versions.h lists the seven). What the versions share (tiles, masking, the softmax step, the
 // store) is in tc_versions.cuh.
 //
 // The same kernel on swizzled tiles: chunk c of row r is stored at chunk c ^ (r % 8) of its row

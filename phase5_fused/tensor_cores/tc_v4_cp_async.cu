@@ -1,5 +1,5 @@
-// Phase 5, tensor cores, version 4 of 5: a cp.async ring of K/V blocks (README "Versions";
-// tc_versions.h lists the five). What the versions share (tiles, masking, the softmax step, the
+// Phase 5, tensor cores, version 4 of 7: a cp.async ring of K/V blocks (README "Versions";
+// tc_versions.h lists the seven). What the versions share (tiles, masking, the softmax step, the
 // store) is in tc_versions.cuh.
 //
 // K and V stream through a ring of kStages blocks in shared memory, copied by cp.async: a copy

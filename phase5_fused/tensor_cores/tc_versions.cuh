@@ -1,7 +1,8 @@
 // What the lesson's intermediate versions of the tensor-core kernel share (tc_v1_mma.cu ...
-// tc_v4_cp_async.cu; README "Versions"): the tiles, the block's view of the problem, the two
-// shared-memory layouts, the scale and mask of S, the online-softmax step, P as an A fragment, the
-// final O / l with its store, and the launch. Each version's file keeps its kernel: how tiles reach
+// tc_v6_lazy.cu; README "Versions"): the tiles, the block's view of the problem, the two
+// shared-memory layouts, the scale and mask of S, the online-softmax step of versions 1-4 (versions
+// 5 and 6 bring their own, in log2 units), P as an A fragment, the final O / l with its store, and
+// the launch. Each version's file keeps its kernel: how tiles reach
 // shared memory, how fragments reach registers, and the loop with its barriers, so that the diff
 // of two neighbours is the idea that separates them.
 //
@@ -10,7 +11,7 @@
 // P = exp(S - m_new), l = e^(m - m_new) l + rowsum(P), O = e^(m - m_new) O + P V_j; finally O / l.
 // Each of the 4 warps owns Br/4 = 32 query rows (two m16 tiles), so a row's statistics never
 // leave its warp. Every version takes D in {64, 128} with the fast kernel's tiles there
-// (Br = 128, Bc = 64) and FP32 softmax statistics, accumulators and expf.
+// (Br = 128, Bc = 64) and FP32 softmax statistics and accumulators; versions 1-4 use expf.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,7 +51,7 @@ struct Params {
   const void* v;
   void* o;
   int H, Sq, Sk;
-  float scale;
+  float scale;  // versions 5 and 6: c = scale log2 e > 0 (course::fold_scale)
   bool causal;
 };
 
@@ -180,8 +181,10 @@ __device__ __forceinline__ void zero(Scores& s) {
   }
 }
 
-// S *= scale; then, only in the blocks that cross the end of the keys or the causal diagonal of
-// this warp's rows, the hidden scores become -inf (query row i, key jj: jj >= Sk, or causal jj > i).
+// S *= scale (kScale; versions 5 and 6 keep S unscaled and fold the scale into the exponent); then,
+// only in the blocks that cross the end of the keys or the causal diagonal of this warp's rows, the
+// hidden scores become -inf (query row i, key jj: jj >= Sk, or causal jj > i).
+template <bool kScale = true>
 __device__ __forceinline__ void scale_and_mask(Scores& s, const Params& p, int warp_q0, int kv0, int lane) {
   const bool need_mask = kv0 + kBc > p.Sk || (p.causal && kv0 + kBc - 1 > warp_q0);
 #pragma unroll
@@ -190,7 +193,7 @@ __device__ __forceinline__ void scale_and_mask(Scores& s, const Params& p, int w
     for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[mt][nt][e] * p.scale;
+        float x = kScale ? s[mt][nt][e] * p.scale : s[mt][nt][e];
         if (need_mask) {
           const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
           const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);

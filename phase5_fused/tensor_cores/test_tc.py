@@ -638,7 +638,7 @@ def test_version_op_checks_name_the_argument():
     ops = tc.load()
     q, k, v, _ = make_qkv(1, 2, 16, 24, 64, torch.float16)
     for number in (0, len(LESSON_VERSIONS) + 1):
-        with pytest.raises(RuntimeError, match="version must be 1 to 4"):
+        with pytest.raises(RuntimeError, match=f"version must be 1 to {len(LESSON_VERSIONS)}"):
             ops.attention_version(q, k, v, False, 0.125, number)
     x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match=r"head dim D=96 \(q.size\(3\)\) is not supported by version 3"):
@@ -676,7 +676,7 @@ def test_version_unsupported_arguments_rejected_without_gpu(version):
 
 
 def test_versions_are_the_sources_and_launchers():
-    """tc.VERSIONS names, in order, the sources tc_<name>.cu of versions 1-4 (all in SOURCES) and the
+    """tc.VERSIONS names, in order, the sources tc_<name>.cu of versions 1-6 (all in SOURCES) and the
     launchers of tc_versions.h, then the fast kernel; the default is the fast kernel."""
     import inspect
 
