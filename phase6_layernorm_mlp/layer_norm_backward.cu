@@ -56,7 +56,8 @@ constexpr int kMaxBlockThreads = 512;  // version 2
 constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // teams in flight: about 16 warps per SM (a memory-bound kernel)
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
-constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column
+constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
+constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
 // Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
 // FP32 and for the scalar path (one element per chunk: a register each, and the block version
 // would spill).
@@ -220,15 +221,13 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       pb[col] = b;
     }
   } else {
+    // A thread's VEC columns are consecutive: stored in 16-byte pieces (store_floats).
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
       if (c < chunks) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          pg[c * VEC + e] = acc_dgamma[i][e];
-          pb[c * VEC + e] = acc_dbeta[i][e];
-        }
+        store_floats<VEC>(pg + c * VEC, acc_dgamma[i]);
+        store_floats<VEC>(pb + c * VEC, acc_dbeta[i]);
       }
     }
   }
@@ -313,8 +312,11 @@ ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, 
   }
 }
 
-// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed, 16 partial rows at a
-// time per thread (threadIdx.y), then those 16 sums added in shared memory; a fixed order.
+// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed. Thread y adds the
+// partial rows y, y + 16, ... in groups of kReduceInFlight rows, each group's loads issued together
+// into independent sums (the grid is only hidden / 32 blocks, so each SM needs many loads in
+// flight to hide the L2's latency), adds those in order, then the 16 threads' sums are added in
+// shared memory; a fixed order.
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
@@ -324,9 +326,30 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
-    for (int64_t t = threadIdx.y; t < partial_rows; t += kReduceRows) {
-      g += partial_dgamma[t * hidden + col];
-      b += partial_dbeta[t * hidden + col];
+    float gu[kReduceInFlight] = {}, bu[kReduceInFlight] = {};
+    int64_t t = threadIdx.y;
+    // Whole groups of kReduceInFlight rows: every load issued before the first sum waits on one.
+    for (; t + (kReduceInFlight - 1) * kReduceRows < partial_rows; t += kReduceInFlight * kReduceRows) {
+      float lg[kReduceInFlight], lb[kReduceInFlight];
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        lg[u] = partial_dgamma[(t + u * kReduceRows) * hidden + col];
+        lb[u] = partial_dbeta[(t + u * kReduceRows) * hidden + col];
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        gu[u] += lg[u];
+        bu[u] += lb[u];
+      }
+    }
+    for (; t < partial_rows; t += kReduceRows) {  // the rows after the last whole group
+      gu[0] += partial_dgamma[t * hidden + col];
+      bu[0] += partial_dbeta[t * hidden + col];
+    }
+#pragma unroll
+    for (int u = 0; u < kReduceInFlight; ++u) {
+      g += gu[u];
+      b += bu[u];
     }
   }
   sg[threadIdx.y][threadIdx.x] = g;

@@ -72,6 +72,23 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
   }
 }
 
+// Store VEC floats to p[0..VEC): in 16-byte stores where VEC is a multiple of 4 (p 16-byte
+// aligned), else one by one. A warp storing each lane's VEC floats one element at a time writes one
+// 4-byte piece into each of 32 sectors per store, VEC times over; in 16-byte pieces it writes each
+// sector in VEC / 4 stores at most. __stcg (st.global.cg.v4: kept in L2, not L1) because a plain
+// float4 store may be split back into scalar stores by the compiler, and the values are read next
+// by another kernel.
+template <int VEC>
+__device__ __forceinline__ void store_floats(float* p, const float (&v)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) __stcg(reinterpret_cast<float4*>(p + i), make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = v[i];
+  }
+}
+
 __host__ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
