@@ -344,9 +344,20 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
         bu[u] += lb[u];
       }
     }
-    for (; t < partial_rows; t += kReduceRows) {  // the rows after the last whole group
-      gu[0] += partial_dgamma[t * hidden + col];
-      bu[0] += partial_dbeta[t * hidden + col];
+    if (t < partial_rows) {  // the last, partial group: its loads issued together too
+      float lg[kReduceInFlight] = {}, lb[kReduceInFlight] = {};
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        if (t + u * kReduceRows < partial_rows) {
+          lg[u] = partial_dgamma[(t + u * kReduceRows) * hidden + col];
+          lb[u] = partial_dbeta[(t + u * kReduceRows) * hidden + col];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        gu[u] += lg[u];
+        bu[u] += lb[u];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kReduceInFlight; ++u) {
