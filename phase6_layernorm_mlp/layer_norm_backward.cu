@@ -55,10 +55,9 @@ constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per 
 constexpr int kMaxBlockThreads = 512;  // version 2
 constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // teams in flight: about 16 warps per SM (a memory-bound kernel)
-constexpr int kReduceCols = 8;         // pass 2: a block adds 8 columns (one sector of a partial row) ...
-constexpr int kReduceRows = 64;        // ... 64 partial rows at a time per column ...
+constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
+constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
-static_assert((kReduceRows & (kReduceRows - 1)) == 0, "pass 2 halves its row sums: a power of two");
 // Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
 // FP32 and for the scalar path (one element per chunk: a register each, and the block version
 // would spill).
@@ -313,12 +312,11 @@ ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, 
   }
 }
 
-// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed. A block takes
-// kReduceCols = 8 columns (one 32-byte sector of a partial row), so the grid has hidden / 8 blocks
-// and the sums spread over the SMs; a warp reads 4 partial rows of those 8 columns per load, whole
-// sectors. Thread y adds the partial rows y, y + 64, ... in groups of kReduceInFlight rows, each
-// group's loads issued together into independent sums, adds those in order, then the 64 threads'
-// sums meet in shared memory in a fixed tree; a fixed order throughout.
+// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed. Thread y adds the
+// partial rows y, y + 16, ... in groups of kReduceInFlight rows, each group's loads issued together
+// into independent sums (the grid is only hidden / 32 blocks, so each SM needs many loads in
+// flight to hide the L2's latency), adds those in order, then the 16 threads' sums are added in
+// shared memory; a fixed order.
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
@@ -344,20 +342,9 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
         bu[u] += lb[u];
       }
     }
-    if (t < partial_rows) {  // the last, partial group: its loads issued together too
-      float lg[kReduceInFlight] = {}, lb[kReduceInFlight] = {};
-#pragma unroll
-      for (int u = 0; u < kReduceInFlight; ++u) {
-        if (t + u * kReduceRows < partial_rows) {
-          lg[u] = partial_dgamma[(t + u * kReduceRows) * hidden + col];
-          lb[u] = partial_dbeta[(t + u * kReduceRows) * hidden + col];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kReduceInFlight; ++u) {
-        gu[u] += lg[u];
-        bu[u] += lb[u];
-      }
+    for (; t < partial_rows; t += kReduceRows) {  // the rows after the last whole group
+      gu[0] += partial_dgamma[t * hidden + col];
+      bu[0] += partial_dbeta[t * hidden + col];
     }
 #pragma unroll
     for (int u = 0; u < kReduceInFlight; ++u) {
@@ -368,16 +355,13 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
   sg[threadIdx.y][threadIdx.x] = g;
   sb[threadIdx.y][threadIdx.x] = b;
   __syncthreads();
-  for (int stride = kReduceRows / 2; stride > 0; stride /= 2) {  // the 64 sums of a column, halved per step
-    if (threadIdx.y < stride) {
-      sg[threadIdx.y][threadIdx.x] += sg[threadIdx.y + stride][threadIdx.x];
-      sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + stride][threadIdx.x];
-    }
-    __syncthreads();
-  }
   if (threadIdx.y == 0 && col < hidden) {
-    dgamma[col] = from_float<T>(sg[0][threadIdx.x]);
-    dbeta[col] = from_float<T>(sb[0][threadIdx.x]);
+    for (int r = 1; r < kReduceRows; ++r) {
+      g += sg[r][threadIdx.x];
+      b += sb[r][threadIdx.x];
+    }
+    dgamma[col] = from_float<T>(g);
+    dbeta[col] = from_float<T>(b);
   }
 }
 
