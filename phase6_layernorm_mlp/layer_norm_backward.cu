@@ -64,22 +64,6 @@ constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sum
 template <typename T, int VEC>
 constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 
-// Programmatic dependent launch (sm_90 and later): pass 2 is launched with permission to start
-// before pass 1 has finished (launch_reduce), so its launch and its blocks' scheduling overlap
-// pass 1's last blocks instead of following them. Pass 1 grants it at its start; pass 2 waits, before
-// its first load, until pass 1 has finished and its partial sums are visible. Older GPUs launch
-// pass 2 the ordinary way, and both calls compile to nothing.
-__device__ __forceinline__ void let_pass2_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
-}
-__device__ __forceinline__ void wait_for_pass1() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();
-#endif
-}
-
 template <bool kWarpPerRow>
 __device__ __forceinline__ float team_sum(float v, float* scratch) {
   if constexpr (kWarpPerRow) return course::warp_reduce_sum(v);
@@ -95,7 +79,6 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
                           float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps) {
   constexpr int NV = kRowElems / VEC;  // chunks per thread
   static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
-  let_pass2_launch();
   __shared__ float scratch[course::kWarpSize];
   const int team_size = kWarpPerRow ? course::kWarpSize : blockDim.x;
   const int rank = kWarpPerRow ? threadIdx.x % course::kWarpSize : threadIdx.x;
@@ -259,7 +242,6 @@ __global__ void __launch_bounds__(kStreamingThreads)
 ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
                              const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
                              float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps) {
-  let_pass2_launch();
   __shared__ float scratch[course::kWarpSize];
   const int64_t chunks = hidden / VEC;
   const float n = static_cast<float>(hidden);
@@ -342,7 +324,6 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
-  wait_for_pass1();
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
     float gu[kReduceInFlight] = {}, bu[kReduceInFlight] = {};
@@ -465,22 +446,10 @@ void launch_typed(const void* dy, const void* s, const void* gamma, const void* 
 template <typename T>
 void launch_reduce(const float* pg, const float* pb, int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
                    cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols)));
-  config.blockDim = dim3(kReduceCols, kReduceRows);
-  config.stream = stream;
-  // sm_90 and later: pass 2 may start launching before pass 1 ends (let_pass2_launch, wait_for_pass1).
-  cudaLaunchAttribute early_launch{};
-  early_launch.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early_launch.val.programmaticStreamSerializationAllowed = 1;
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  config.attrs = &early_launch;
-  config.numAttrs = major >= 9 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, ln_param_reduce_kernel<T>, pg, pb, partial_rows, hidden,
-                                             static_cast<T*>(dgamma), static_cast<T*>(dbeta));
-  TORCH_CHECK(err == cudaSuccess, "layer_norm_backward: pass 2 launch failed: ", cudaGetErrorString(err));
+  const dim3 block(kReduceCols, kReduceRows);
+  const unsigned blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
+  ln_param_reduce_kernel<T><<<blocks, block, 0, stream>>>(pg, pb, partial_rows, hidden, static_cast<T*>(dgamma),
+                                                          static_cast<T*>(dbeta));
 }
 
 }  // namespace
