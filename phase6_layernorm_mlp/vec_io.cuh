@@ -68,11 +68,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) e[i] = from_float<T>(v[i]);
-    // One 16-byte store, written in PTX: a plain `*reinterpret_cast<uint4*>(p) = raw` is split into
-    // four 4-byte stores by the compiler in the block versions (their chunks after the first few).
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(raw.x), "r"(raw.y), "r"(raw.z),
-                 "r"(raw.w)
-                 : "memory");
+    *reinterpret_cast<uint4*>(p) = raw;
   }
 }
 
