@@ -30,15 +30,16 @@ from utils.build import op_loader
 from utils.checks import check_attention_inputs, check_cuda_tensor
 
 NAME = "phase5_fused_bwd"
-SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu", "bwd_tf32x3.cu"]
+SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu", "bwd_tc_2d.cu", "bwd_tf32x3.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Head dims of the tensor-core kernel (bwd_tc.cu's instances, bwd.h's kTcSupportedD, which the op
 # checks); phase5_fused.tensor_cores.attention refuses others when an input requires grad.
 TC_SUPPORTED_D = (32, 64, 96, 128)
 # Kernels (float32: 0 = bwd_fp32.cu on FFMA, 1 = bwd_tf32x3.cu in 3xTF32 on tensor cores, D in
 # TF32X3_SUPPORTED_D) and tile configurations (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
-# Bc = 128) of each dtype.
-VARIANTS = {torch.float32: 2, torch.float16: 2, torch.bfloat16: 2}
+# Bc = 128; bwd_tc_2d.cu: 2 = 8 warps, Bc = 128, FlashAttention-2's two-dimensional warp tiles) of
+# each dtype.
+VARIANTS = {torch.float32: 2, torch.float16: 3, torch.bfloat16: 3}
 TF32X3_SUPPORTED_D = (32, 64, 96, 128)
 # The variant autograd runs, per dtype and head dim: 1 where the variants tables measured it faster
 # than 0 (D = 64 and 128, causal and not: FP16 and BF16's 8 warps, FP32's 3xTF32 kernel); 0 at the

@@ -1,7 +1,8 @@
 // What bwd_ops.cpp hands to the backward kernels of phase 5 (FlashAttention-2, Algorithm 2):
 //   bwd_preprocess.cu  D_i = rowsum(dO_i * O_i) (minus dlse_i), one warp per query row
 //   bwd_fp32.cu        the FP32 teaching kernel
-//   bwd_tc.cu          the FP16 / BF16 kernel on mma.sync tensor cores
+//   bwd_tc.cu          the FP16 / BF16 kernel on mma.sync tensor cores (variants 0 and 1)
+//   bwd_tc_2d.cu       the same with FlashAttention-2's two-dimensional warp tiles (variant 2)
 //   bwd_tf32x3.cu      the FP32 kernel on tensor cores (3xTF32)
 // Plain data only, so this header is shared by the host compiler and nvcc.
 #pragma once
@@ -51,7 +52,10 @@ void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
 // FP32 on tensor cores in 3xTF32 (bwd_tf32x3.cu), at the head dims of its instances.
 constexpr int kTf32x3SupportedD[] = {32, 64, 96, 128};
 void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream);
-// variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block (default), 1 = 8 warps, Bc = 128.
+// variant (tensor cores): 0 = 4 warps and Bc = 64 keys per block, 1 = 8 warps, Bc = 128 (bwd_tc.cu);
+// 2 = 8 warps, Bc = 128, FlashAttention-2's two-dimensional warp tiles (bwd_tc_2d.cu, which
+// launch_tc_backward calls for it).
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
+void launch_tc_backward_2d(const BwdParams& p, int D, DType dtype, cudaStream_t stream);
 
 }  // namespace phase5_bwd

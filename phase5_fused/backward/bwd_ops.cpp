@@ -4,7 +4,8 @@
 //       variant) -> (dq, dk, dv)   float32; variant 0: bwd_fp32.cu (FFMA, every head dim), 1:
 //       bwd_tf32x3.cu (3xTF32 tensor cores, D = 32, 64, 96, 128)
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
-//       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128)
+//       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), or bwd_tc_2d.cu,
+//       variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles)
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
 // tensor-core kernel's own (bwd.h), fewer than its forward takes.
@@ -48,7 +49,7 @@ Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::
                             bool is_causal, c10::optional<double> scale, int64_t stride,
                             const c10::optional<at::Tensor>& key_lengths,
                             int64_t variant) {
-  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 or 1 for the tensor-core backward, got ", variant);
+  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0, 1 or 2 for the tensor-core backward, got ", variant);
   const c10::cuda::CUDAGuard guard(q.device());
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride,
                                                   key_lengths, phase5_bwd::Kernel::kTensorCores);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../fp32/fused.h"
@@ -63,6 +64,8 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   if (kernel == Kernel::kTensorCores) {
     TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
+    TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max(),
+                "q and k sequence lengths must fit in int32 for the tensor-core backward");
   }
   if (kernel == Kernel::kFp32TensorCores) {
     TORCH_CHECK(listed(kTf32x3SupportedD, s.D), "q: head dim D=", s.D,

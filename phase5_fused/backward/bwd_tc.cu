@@ -31,8 +31,9 @@
 
 #include "../tensor_cores/tc_mma.cuh"
 #include "bwd.h"
-#include "common.cuh"
 #include "bwd_key_block.cuh"
+#include "bwd_tc_tiles.cuh"
+#include "common.cuh"
 #include "cp_async.cuh"
 
 namespace phase5_bwd {
@@ -56,63 +57,6 @@ struct BwdTile {
   // K_j, V_j; Q_i, dO_i in 2 stages; dS^T (elements of 2 bytes); L_i, D_i in 2 stages (FP32).
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * 2 + 4 * kBr * 4;
 };
-
-// Rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with cp.async;
-// rows at or beyond row_limit are zero-filled, never read.
-// The chunk loop has a compile-time trip count, so it unrolls into straight-line copies.
-template <typename T, int D, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit) {
-  constexpr int kChunks = D / 8, kTotal = kRows * kChunks;
-  const T* rows = src + row0 * D;
-  const int64_t rows_left = row_limit - row0;
-#pragma unroll
-  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
-    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
-    if (kTotal % kThreads == 0 || idx < kTotal) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      const bool valid = r < rows_left;
-      course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8),
-                          valid ? rows + r * D + c * 8 : src, valid);
-    }
-  }
-}
-
-// Every ldmatrix.x4 here has lane l give the address of row R + row(l), chunk C + chunk(l) of a
-// swizzled tile of kWidth elements per row, in one of two lane patterns:
-//   by rows    (l % 16, l / 16): matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1),
-//              (R+8.., C+1): the A operand of a tile whose rows are its rows (K_w, V_w), and the
-//              B operand of a tile whose rows run along k, read .trans (dO_i, Q_i for dV, dK; K_j);
-//   by chunks  (l % 8 + 8 (l / 16), (l / 8) % 2): matrices 0-3 are (R.., C), (R.., C+1), (R+8.., C),
-//              (R+8.., C+1): b0, b1 of two n8 tiles whose k runs along the chunks (Q_i, dO_i for
-//              S^T, dP^T), and the A operand of a tile stored transposed, read .trans (dS^T for dQ).
-// Either way every operand lands in the registers the mma takes as they stand (no moves). R is a
-// multiple of 16 and C even, constants once the loops are unrolled; with lane_base = the tile's
-// address of the lane's own (row(l), chunk(l)) element and G = the swizzle group (8 or 4 chunks),
-// the address is
-//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * kWidth * 2
-// (rows are a multiple of G * 16 bytes, tiles 128-byte aligned): one register per tile and pattern,
-// not one per unrolled ldmatrix.
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset(int row, int chunk) {
-  return static_cast<uint32_t>((row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8) * 2);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset_by_rows(int lane) {
-  return lane_offset<kWidth>(lane & 15, lane >> 4);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset_by_chunks(int lane) {
-  return lane_offset<kWidth>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
-  constexpr int kGroup = (kWidth / 8) % 8 == 0 ? 8 : 4;
-  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
-         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * kWidth * 2);
-}
 
 template <typename T, typename Cfg, bool kHasMask>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_kernel(const BwdParams p) {
@@ -375,18 +319,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 
 template <typename T, typename Cfg, bool kHasMask>
 void launch(const BwdParams& p, cudaStream_t stream) {
-  auto* kernel = tc_backward_kernel<T, Cfg, kHasMask>;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  TORCH_CHECK(major >= 8, "the tensor-core attention backward needs compute capability 8.0 or newer "
-              "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::kBc) * p.B * p.H;
-  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::kBc, ")) for one grid");
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_key_blocks<Cfg>(tc_backward_kernel<T, Cfg, kHasMask>, p, stream);
 }
 
 template <typename T, int D>
@@ -414,7 +347,8 @@ void launch_for_d(const BwdParams& p, int D, int variant, cudaStream_t stream) {
 
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream) {
   TORCH_CHECK(dtype == DType::kHalf || dtype == DType::kBFloat16, "q must be float16 or bfloat16");
-  TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 or 1, got ", variant);
+  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0, 1 or 2, got ", variant);
+  if (variant == 2) return launch_tc_backward_2d(p, D, dtype, stream);  // bwd_tc_2d.cu
   if (dtype == DType::kBFloat16) {
     launch_for_d<__nv_bfloat16>(p, D, variant, stream);
   } else {

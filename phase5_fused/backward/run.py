@@ -12,17 +12,19 @@
    dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K) are 5 x 2 Sq Sk D per head against the
    forward's 2 x 2 Sq Sk D: 10 B H Sq Sk D, halved for causal. GB/s counts the minimum traffic:
    q, k, v, O, dO read once, dq, dk, dv written once (8 B H S D elements).
-   At S=4096 the tensor-core kernel's two tile configurations (bwd_tc.cu: variant 0, 4 warps and
-   Bc = 64; variant 1, 8 warps and Bc = 128; autograd's default per D is backward.default_variant)
-   are also timed by calling the backward op directly on the saved out and lse: rows
-   phase5_fused_bwd_tc_v0 and _v1; likewise the Hopper kernel's variants (hopper_bwd.cu: 0, dQ
+   At S=4096 the tensor-core kernel's three tile configurations (bwd_tc.cu: variant 0, 4 warps and
+   Bc = 64; variant 1, 8 warps and Bc = 128; bwd_tc_2d.cu: variant 2, FlashAttention-2's
+   two-dimensional warp tiles; autograd's default per D is backward.default_variant) are also timed
+   by calling the backward op directly on the saved out and lse: rows phase5_fused_bwd_tc_v0, _v1
+   and _v2; likewise the Hopper kernel's variants (hopper_bwd.cu: 0, dQ
    shared by keys; 1, by columns; autograd runs hopper.BWD_DEFAULT_VARIANT), rows
    phase5_fused_bwd_hopper_v0 and _v1, on Hopper GPUs; and the FP32 kernels (0: bwd_fp32.cu on
    FFMA, 1: bwd_tf32x3.cu in 3xTF32), rows phase5_fused_bwd_fp32_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
-   PROFILE_CALLS at S=4096, non-causal (ours and the peer of its dtype): instruction counts, memory
+   PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variant 2 called directly,
+   and the peer of each dtype): instruction counts, memory
    traffic, occupancy, why warps wait (utils.ncu); records under "ncu" in the results.
 5. results/metrics.json, then the tables manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: S=1024 only,
@@ -50,12 +52,15 @@ VARIANT_S = 4096  # the tensor-core variants are compared here
 # ncu profiles the backward's main kernel of each (impl, D) at S=NCU_S, non-causal, in this order.
 NCU_S = 4096
 # The Hopper kernel's come last: on another GPU they are missing, and the others keep their labels.
-PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("sdpa_flash", 64),
-                 ("sdpa_flash", 128), ("phase5_fused_bwd", 64), ("sdpa_efficient", 64),
-                 ("phase5_fused_bwd_hopper", 64), ("phase5_fused_bwd_hopper", 128)]
+PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("phase5_fused_bwd_tc_v2", 64),
+                 ("phase5_fused_bwd_tc_v2", 128), ("sdpa_flash", 64), ("sdpa_flash", 128), ("phase5_fused_bwd", 64),
+                 ("sdpa_efficient", 64), ("phase5_fused_bwd_hopper", 64), ("phase5_fused_bwd_hopper", 128)]
+# Profiled impls that are a variant's op called directly, not autograd's backward: (kernel, variant).
+PROFILE_VARIANTS = {"phase5_fused_bwd_tc_v2": ("tc", 2)}
 # The main kernel each impl's backward launches (FP32: variant 1, 3xTF32, at D = 64 and 128, the
 # default): ncu profiles these, and each record is checked against its call's before it is labelled.
-MAIN_KERNEL = {"phase5_fused_bwd_tc": "tc_backward_kernel", "sdpa_flash": "flash_bwd_dq_dk_dv",
+MAIN_KERNEL = {"phase5_fused_bwd_tc": "tc_backward_kernel", "phase5_fused_bwd_tc_v2": "tc_backward_2d_kernel",
+               "sdpa_flash": "flash_bwd_dq_dk_dv",
                "phase5_fused_bwd": "fp32_backward_kernel|tf32x3_backward_kernel", "sdpa_efficient": "fmha_cutlassB",
                "phase5_fused_bwd_hopper": "hopper_bwd_kernel"}
 NCU_REGEX = "|".join(MAIN_KERNEL.values())
@@ -186,9 +191,13 @@ def profile_target(names: str) -> None:
     dtypes = {impl: dtype for impl, dtype, _ in IMPLS}
     for impl, D in profiled_calls():
         if names == "all" or impl in names.split(","):
-            leaves, dout = make_inputs(NCU_S, D, dtypes[impl], seed=D)
-            out = forward_fn(forwards[impl])(*leaves, False)
-            torch.autograd.grad(out, leaves, dout)
+            if impl in PROFILE_VARIANTS:
+                leaves, dout = make_inputs(NCU_S, D, torch.float16, seed=D)
+                backward_call(None, leaves, dout, False, PROFILE_VARIANTS[impl])()
+            else:
+                leaves, dout = make_inputs(NCU_S, D, dtypes[impl], seed=D)
+                out = forward_fn(forwards[impl])(*leaves, False)
+                torch.autograd.grad(out, leaves, dout)
             torch.cuda.synchronize()
 
 

@@ -600,8 +600,8 @@ def test_op_checks_name_the_argument():
         ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
     with pytest.raises(RuntimeError, match=r"variant must be 0 \(FFMA\) or 1"):
         ops.attention_backward_fp32(q, k, v, out, lse, dout, *args, 2)
-    with pytest.raises(RuntimeError, match="variant must be 0 or 1"):
-        ops.attention_backward_tc(*(t.half() for t in (q, k, v, out)), lse, dout.half(), *args, 2)
+    with pytest.raises(RuntimeError, match="variant must be 0, 1 or 2"):
+        ops.attention_backward_tc(*(t.half() for t in (q, k, v, out)), lse, dout.half(), *args, 3)
 
 
 @requires_gpu

@@ -1,0 +1,373 @@
+// Phase 5, backward, variant 2 of the tensor-core kernel: FlashAttention-2's two-dimensional warp
+// tiles. Read bwd_tc.cu first: the same algorithm (Algorithm 2), the same key blocks, the same dQ
+// atomics; what changes is which warp computes which part of each product.
+//
+// In variants 0 and 1 warp w owns 16 keys and computes everything for them: S^T, dP^T, dK_w, dV_w
+// straight from its registers. The price: every warp reads all of Q_i and dO_i as B operands for a
+// single m16 tile of A, so a fragment loaded by ldmatrix feeds 2 mma.sync, and the kernel spends
+// more shared-memory bandwidth than tensor-core time (README: "Why the tensor-core backward is
+// behind its peers"). Here each product gets its own grid of the 8 warps, with tiles of at least
+// 32 x 32 per warp, so that each loaded fragment feeds 4 or more mma.sync:
+//   S = Q_i K_j^T, dP = dO_i V_j^T    Br x Bc      2 x 4 warps (query rows x keys), Br/2 x 32 each
+//   P = exp(S - L_i), dS = P (dP - D_i)            on those accumulators; then P and dS go to shared
+//                                                  memory (rounded to T), and a barrier
+//   dV_j += P^T dO_i, dK_j += dS^T Q_i  Bc x D     4 x 2 warps (keys x head dim), 32 x D/2 each,
+//                                                  kept in registers for the whole loop
+//   dQ_i += dS K_j                      Br x D     kQRowGroups x kQColGroups warps, atomicAdd
+// P^T and dS^T are read from shared memory by ldmatrix .trans: no transposed copy is stored.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../tensor_cores/tc_mma.cuh"
+#include "bwd.h"
+#include "bwd_key_block.cuh"
+#include "bwd_tc_tiles.cuh"
+#include "common.cuh"
+#include "cp_async.cuh"
+
+namespace phase5_bwd {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// FlashAttention-2's tiles for sm_80: Bc = 128 keys per block, 8 warps, Br = 128 query rows per
+// step up to D = 64 and 64 above. dQ's warp grid is 32 x 32 per warp where D allows it (D = 96:
+// 16 rows x 48 columns, the column slices being whole pairs of n8 tiles).
+template <int D_>
+struct Tile2d {
+  static constexpr int D = D_, kWarps = 8, kThreads = kWarps * course::kWarpSize;
+  static constexpr int kBc = 128, kBr = D <= 64 ? 128 : 64;
+  static constexpr int kSRows = kBr / 2, kSKeys = kBc / 4;      // S, dP: 2 x 4 warps
+  static constexpr int kKvKeys = kBc / 4, kKvCols = D / 2;      // dK, dV: 4 x 2 warps
+  static constexpr int kQRowGroups = (D / (kWarps / (kBr / 32))) % 16 == 0 ? kBr / 32 : kBr / 16;
+  static constexpr int kQColGroups = kWarps / kQRowGroups;      // dQ: kQRowGroups x kQColGroups warps
+  static constexpr int kQRows = kBr / kQRowGroups, kQCols = D / kQColGroups;
+  // K_j, V_j; Q_i, dO_i in 2 stages; P and dS (elements of 2 bytes); L_i, D_i in 2 stages (FP32).
+  static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + 2 * kBr * kBc) * 2 + 4 * kBr * 4;
+};
+
+template <typename T, typename Cfg, bool kHasMask>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const BwdParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
+#else
+  constexpr int D = Cfg::D, kThreads = Cfg::kThreads, kBc = Cfg::kBc, kBr = Cfg::kBr;
+  constexpr int kSM = Cfg::kSRows / 16, kSN = Cfg::kSKeys / 8;     // m16 x n8 tiles of S, dP per warp
+  constexpr int kKvM = Cfg::kKvKeys / 16, kKvN = Cfg::kKvCols / 8;  // ... of dK, dV
+  constexpr int kQM = Cfg::kQRows / 16, kQN = Cfg::kQCols / 8;      // ... of dQ
+  static_assert(kSN % 2 == 0 && kKvN % 2 == 0 && kQN % 2 == 0, "B operands come in pairs of n8 tiles");
+  static_assert(Cfg::kQRowGroups * Cfg::kQRows == kBr && Cfg::kQColGroups * Cfg::kQCols == D,
+                "dQ's warp grid covers the tile");
+  static_assert(D % 32 == 0, "the swizzle needs rows of a multiple of 64 bytes");
+  static_assert(2 * kBr <= kThreads, "one thread per L_i and per D_i of a query block");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);  // [Bc][D]
+  T* sV = sK + kBc * D;                // [Bc][D]
+  T* sQ = sV + kBc * D;                // [2][Br][D]
+  T* sdO = sQ + 2 * kBr * D;           // [2][Br][D]
+  T* sP = sdO + 2 * kBr * D;           // [Br][Bc]   P of the current step
+  T* sdS = sP + kBr * kBc;             // [Br][Bc]   dS of the current step
+  float* sL = reinterpret_cast<float*>(sdS + kBr * kBc);  // [2][Br]  L_i log2(e)
+  float* sDelta = sL + 2 * kBr;                           // [2][Br]  D_i
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / course::kWarpSize;
+  const int lane = tid % course::kWarpSize;
+  const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (tc_mma.cuh)
+  const KeyBlock<T> w = key_block<T, D, kBc, kBr>(p);
+  // Positions inside one head fit 32 bits (bwd_prepare.cpp refuses longer sequences), and so
+  // do the steps. 64-bit copies of them would cost registers the accumulators need.
+  const int k0 = static_cast<int>(w.k0), kv_len = static_cast<int>(w.kv_len), Sq = static_cast<int>(p.Sq);
+  const int qb_first = static_cast<int>(w.qb_first), n_steps = static_cast<int>(w.n_steps);
+  const bool causal = p.masking.causal;
+
+  // L_i (in log2 units) or D_i of one query row of block qb, for the thread that stages it.
+  auto row_stat = [&](int qb) {
+    const int row = qb * kBr + tid % kBr;
+    if (tid < kBr) return row < Sq ? w.lse[row] * kLog2e : -CUDART_INF_F;
+    return row < Sq ? w.delta[row] : 0.0f;
+  };
+  auto stage_stat = [&](int stage, float value) {
+    if (tid < kBr) sL[stage * kBr + tid] = value;
+    else if (tid < 2 * kBr) sDelta[stage * kBr + tid - kBr] = value;
+  };
+
+  // Prologue: K_j, V_j (padding keys zero-filled) and the first Q_i, dO_i in one group.
+  if (n_steps > 0) {
+    load_tile<T, D, kBc, kThreads>(sK, w.K, k0, kv_len);
+    load_tile<T, D, kBc, kThreads>(sV, w.V, k0, kv_len);
+    load_tile<T, D, kBr, kThreads>(sQ, w.Q, qb_first * kBr, Sq);
+    load_tile<T, D, kBr, kThreads>(sdO, w.dO, qb_first * kBr, Sq);
+    stage_stat(0, row_stat(qb_first));
+  }
+  course::cp_async_commit();
+
+  // Each warp's place in the three grids (rows and columns inside the block's tiles).
+  const int s_row0 = (warp / 4) * Cfg::kSRows, s_key0 = (warp % 4) * Cfg::kSKeys;
+  const int kv_key0 = (warp % 4) * Cfg::kKvKeys, kv_col0 = (warp / 4) * Cfg::kKvCols;
+  const int q_row0 = (warp % Cfg::kQRowGroups) * Cfg::kQRows, q_col0 = (warp / Cfg::kQRowGroups) * Cfg::kQCols;
+
+  // dK_j, dV_j of the warp's 32 keys x D/2 columns: FP32 C fragments for the whole loop.
+  float dk[kKvM][kKvN][4], dv[kKvM][kKvN][4];
+#pragma unroll
+  for (int mt = 0; mt < kKvM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kKvN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+  // ldmatrix lane addresses (bwd_tc_tiles.cuh: ldsm_addr), one per pattern and tile width, taken
+  // from the start of shared memory; a tile's byte offset (a multiple of 128, like that start) is
+  // added after the swizzle's XOR. Per-tile lane addresses would be 4 registers per tile and
+  // pattern (one per XOR constant), more than the 255 registers hold beside the accumulators.
+  const uint32_t smem0 = course::smem_u32(smem);
+  const uint32_t d_by_rows = smem0 + lane_offset_by_rows<D>(lane), d_by_chunks = smem0 + lane_offset_by_chunks<D>(lane);
+  const uint32_t bc_by_rows = smem0 + lane_offset_by_rows<kBc>(lane), bc_by_chunks = smem0 + lane_offset_by_chunks<kBc>(lane);
+  constexpr uint32_t kKBytes = 0, kVBytes = kBc * D * sizeof(T), kQBytes = 2 * kBc * D * sizeof(T);
+  constexpr uint32_t kOBytes = kQBytes + 2 * kBr * D * sizeof(T), kPBytes = kOBytes + 2 * kBr * D * sizeof(T);
+  constexpr uint32_t kDsBytes = kPBytes + kBr * kBc * sizeof(T);
+
+  for (int step = 0; step < n_steps; ++step) {
+    const int stage = step & 1;
+    const int q0 = (qb_first + step) * kBr;
+    const uint32_t q_bytes = kQBytes + stage * kBr * D * sizeof(T), o_bytes = kOBytes + stage * kBr * D * sizeof(T);
+    const float* sLi = sL + stage * kBr;
+    const float* sDi = sDelta + stage * kBr;
+
+    // Wait for Q_i, dO_i (and K_j, V_j); the barrier also says every warp is done with step - 1:
+    // its stage, sP and sdS are free. Then start the next query block into the other stage.
+    course::cp_async_wait<0>();
+    __syncthreads();
+    const bool prefetch = step + 1 < n_steps;
+    float next_stat = 0.0f;
+    if (prefetch) {
+      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, w.Q, q0 + kBr, Sq);
+      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, w.dO, q0 + kBr, Sq);
+      next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
+    }
+    course::cp_async_commit();
+
+    // Step 1: S = Q_i K_j^T and dP = dO_i V_j^T for the warp's Br/2 rows x 32 keys, k = head dim in
+    // steps of 16 (one product after the other: fewer A fragments live at once). A = Q_i or dO_i
+    // plainly by rows; B = K_j^T or V_j^T plainly by chunks (b0, b1 of two n8 tiles of keys).
+    float s[kSM][kSN][4], dp[kSM][kSN][4];
+    auto scores = [&](float (&acc)[kSM][kSN][4], uint32_t a_bytes, uint32_t b_bytes) {
+#pragma unroll
+      for (int mt = 0; mt < kSM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[kSM][4];
+#pragma unroll
+        for (int mt = 0; mt < kSM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<D>(d_by_rows, s_row0 + 16 * mt, 2 * kk) + a_bytes);
+#pragma unroll
+        for (int np = 0; np < kSN / 2; ++np) {
+          uint32_t bf[4];
+          tc::ldmatrix_x4(bf, ldsm_addr<D>(d_by_chunks, s_key0 + 16 * np, 2 * kk) + b_bytes);
+#pragma unroll
+          for (int mt = 0; mt < kSM; ++mt) {
+            tc::mma_16816<T>(acc[mt][2 * np], a[mt], bf[0], bf[1]);
+            tc::mma_16816<T>(acc[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    };
+    scores(s, q_bytes, kKBytes);
+    scores(dp, o_bytes, kVBytes);
+
+    // Step 2: P = 2^(S scale log2(e) + bias log2(e) - L_i log2(e)) and dS = P (dP - D_i), in place
+    // (s becomes P, dp becomes dS). Element e of tile (mt, nt): query s_row0 + 16 mt + g + 8 (e / 2),
+    // key s_key0 + 8 nt + 2t + e % 2. With and without the per-element mask, as in bwd_tc.cu.
+    const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > Sq || k0 + kBc > kv_len ||
+                           (causal && k0 + kBc - 1 > q0);
+    const float scale_log2 = p.scale * kLog2e;
+    auto probabilities_and_grads = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+#pragma unroll
+      for (int mt = 0; mt < kSM; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row_in_block = s_row0 + 16 * mt + g + 8 * r;
+          const float li = sLi[row_in_block], di = sDi[row_in_block];
+#pragma unroll
+          for (int nt = 0; nt < kSN; ++nt) {
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              float x = s[mt][nt][e] * scale_log2 - li;
+              bool visible = li != -CUDART_INF_F;  // a row with no visible key: no gradient at all
+              if constexpr (kMasked) {
+                const int key = k0 + s_key0 + 8 * nt + 2 * t + (e & 1);
+                const int row = q0 + row_in_block;
+                visible = visible && row < Sq && key < kv_len;
+                if (visible) {
+                  const float bias = course::mask_bias(p.masking, w.b, w.h, row, key);
+                  visible = bias != -CUDART_INF_F;
+                  x = fmaf(bias, kLog2e, x);
+                }
+              }
+              const float pij = visible ? tc::exp2_approx(x) : 0.0f;
+              s[mt][nt][e] = pij;
+              dp[mt][nt][e] = pij * (dp[mt][nt][e] - di);
+            }
+          }
+        }
+      }
+    };
+    if (need_mask) {
+      probabilities_and_grads(std::true_type{});
+    } else {
+      probabilities_and_grads(std::false_type{});
+    }
+
+    // Step 3: P and dS to shared memory, rounded to T, [Br][Bc] swizzled: the other grids need
+    // them. Then the barrier that shows them to every warp.
+#pragma unroll
+    for (int mt = 0; mt < kSM; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kSN; ++nt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = s_row0 + 16 * mt + g + 8 * r;
+          const int at = row * kBc + tc::swizzle<kBc / 8>(row, s_key0 / 8 + nt) * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(sP + at) = tc::pack2<T>(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(sdS + at) = tc::pack2<T>(dp[mt][nt][2 * r], dp[mt][nt][2 * r + 1]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // Step 4: dV_j += P^T dO_i and dK_j += dS^T Q_i for the warp's 32 keys x D/2 columns, k = queries
+    // in steps of 16. A = P^T or dS^T: the [query][key] tiles read .trans by chunks (a tile stored
+    // transposed); B = dO_i or Q_i by rows, .trans (queries run along the rows).
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      uint32_t ap[kKvM][4], ads[kKvM][4];
+#pragma unroll
+      for (int mt = 0; mt < kKvM; ++mt) {
+        tc::ldmatrix_x4_trans(ap[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kPBytes);
+        tc::ldmatrix_x4_trans(ads[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kDsBytes);
+      }
+#pragma unroll
+      for (int np = 0; np < kKvN / 2; ++np) {
+        uint32_t bo[4], bq[4];
+        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + o_bytes);
+        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + q_bytes);
+#pragma unroll
+        for (int mt = 0; mt < kKvM; ++mt) {
+          tc::mma_16816<T>(dv[mt][2 * np], ap[mt], bo[0], bo[1]);
+          tc::mma_16816<T>(dv[mt][2 * np + 1], ap[mt], bo[2], bo[3]);
+          tc::mma_16816<T>(dk[mt][2 * np], ads[mt], bq[0], bq[1]);
+          tc::mma_16816<T>(dk[mt][2 * np + 1], ads[mt], bq[2], bq[3]);
+        }
+      }
+    }
+
+    // Step 5: dQ_i += scale dS K_j for the warp's kQRows x kQCols, k = keys in steps of 16, added to
+    // the FP32 dQ that every key block shares (atomicAdd). A = dS plainly by rows; B = K_j by rows,
+    // .trans (keys run along the rows).
+    {
+      float acc[kQM][kQN][4];
+#pragma unroll
+      for (int mt = 0; mt < kQM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kQN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        uint32_t a[kQM][4];
+#pragma unroll
+        for (int mt = 0; mt < kQM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<kBc>(bc_by_rows, q_row0 + 16 * mt, 2 * kk) + kDsBytes);
+#pragma unroll
+        for (int np = 0; np < kQN / 2; ++np) {
+          uint32_t bk[4];
+          tc::ldmatrix_x4_trans(bk, ldsm_addr<D>(d_by_rows, 16 * kk, q_col0 / 8 + 2 * np) + kKBytes);
+#pragma unroll
+          for (int mt = 0; mt < kQM; ++mt) {
+            tc::mma_16816<T>(acc[mt][2 * np], a[mt], bk[0], bk[1]);
+            tc::mma_16816<T>(acc[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kQM; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = q0 + q_row0 + 16 * mt + g + 8 * r;
+          if (row < Sq) {
+            float* dq_row = w.dQ + static_cast<int64_t>(row) * D + q_col0 + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < kQN; ++nt) {
+              atomicAdd(dq_row + 8 * nt, p.scale * acc[mt][nt][2 * r]);
+              atomicAdd(dq_row + 8 * nt + 1, p.scale * acc[mt][nt][2 * r + 1]);
+            }
+          }
+        }
+      }
+    }
+
+    // The next block's L_i, D_i, loaded at the top of the step, into the other stage.
+    if (prefetch) stage_stat(stage ^ 1, next_stat);
+  }
+  course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
+
+  // Epilogue: dK_j = scale * dK_j and dV_j, rounded to T, for the warp's keys that exist (padding
+  // keys and keys no query sees get zeros).
+  T* dK = static_cast<T*>(p.dk) + w.bh * p.Sk * D;
+  T* dV = static_cast<T*>(p.dv) + w.bh * p.Sk * D;
+#pragma unroll
+  for (int mt = 0; mt < kKvM; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = k0 + kv_key0 + 16 * mt + g + 8 * r;
+      if (key >= p.Sk) continue;
+#pragma unroll
+      for (int nt = 0; nt < kKvN; ++nt) {
+        const int col = kv_col0 + 8 * nt + 2 * t;
+        *reinterpret_cast<uint32_t*>(dK + key * D + col) =
+            tc::pack2<T>(p.scale * dk[mt][nt][2 * r], p.scale * dk[mt][nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dV + key * D + col) = tc::pack2<T>(dv[mt][nt][2 * r], dv[mt][nt][2 * r + 1]);
+      }
+    }
+  }
+#endif
+}
+
+template <typename T, int D>
+void launch_for_mask(const BwdParams& p, cudaStream_t stream) {
+  if (p.masking.mask.kind != course::MaskKind::kNone) {
+    launch_key_blocks<Tile2d<D>>(tc_backward_2d_kernel<T, Tile2d<D>, true>, p, stream);
+  } else {
+    launch_key_blocks<Tile2d<D>>(tc_backward_2d_kernel<T, Tile2d<D>, false>, p, stream);
+  }
+}
+
+template <typename T>
+void launch_for_d(const BwdParams& p, int D, cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_for_mask<T, 32>(p, stream);
+    case 64: return launch_for_mask<T, 64>(p, stream);
+    case 96: return launch_for_mask<T, 96>(p, stream);
+    case 128: return launch_for_mask<T, 128>(p, stream);
+    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
+  }
+}
+
+}  // namespace
+
+void launch_tc_backward_2d(const BwdParams& p, int D, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16) {
+    launch_for_d<__nv_bfloat16>(p, D, stream);
+  } else {
+    launch_for_d<__half>(p, D, stream);
+  }
+}
+
+}  // namespace phase5_bwd

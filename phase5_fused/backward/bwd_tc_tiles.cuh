@@ -1,0 +1,96 @@
+// What the tensor-core backward kernels share (bwd_tc.cu, variants 0 and 1; bwd_tc_2d.cu, variant 2):
+// the copy of a tile into swizzled shared memory, the ldmatrix lane addresses into such a tile, and
+// the launch of one thread block per key block.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+#include "../tensor_cores/tc_mma.cuh"
+#include "bwd.h"
+#include "common.cuh"
+#include "cp_async.cuh"
+
+namespace phase5_bwd {
+
+// Rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with cp.async;
+// rows at or beyond row_limit are zero-filled, never read.
+// The chunk loop has a compile-time trip count, so it unrolls into straight-line copies.
+template <typename T, int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit) {
+  constexpr int kChunks = D / 8, kTotal = kRows * kChunks;
+  const T* rows = src + row0 * D;
+  const int64_t rows_left = row_limit - row0;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const bool valid = r < rows_left;
+      course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8),
+                          valid ? rows + r * D + c * 8 : src, valid);
+    }
+  }
+}
+
+// Every ldmatrix.x4 here has lane l give the address of row R + row(l), chunk C + chunk(l) of a
+// swizzled tile of kWidth elements per row, in one of two lane patterns:
+//   by rows    (l % 16, l / 16): matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1),
+//              (R+8.., C+1): the A operand of a tile whose rows are its rows (K_w, V_w), and the
+//              B operand of a tile whose rows run along k, read .trans (dO_i, Q_i for dV, dK; K_j);
+//   by chunks  (l % 8 + 8 (l / 16), (l / 8) % 2): matrices 0-3 are (R.., C), (R.., C+1), (R+8.., C),
+//              (R+8.., C+1): b0, b1 of two n8 tiles whose k runs along the chunks (Q_i, dO_i for
+//              S^T, dP^T), and the A operand of a tile stored transposed, read .trans (dS^T for dQ).
+// Either way every operand lands in the registers the mma takes as they stand (no moves). R is a
+// multiple of 16 and C even, constants once the loops are unrolled; with lane_base = the tile's
+// address of the lane's own (row(l), chunk(l)) element and G = the swizzle group (8 or 4 chunks),
+// the address is
+//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * kWidth * 2
+// (rows are a multiple of G * 16 bytes, tiles 128-byte aligned): one register per tile and pattern,
+// not one per unrolled ldmatrix.
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset(int row, int chunk) {
+  return static_cast<uint32_t>((row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8) * 2);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset_by_rows(int lane) {
+  return lane_offset<kWidth>(lane & 15, lane >> 4);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t lane_offset_by_chunks(int lane) {
+  return lane_offset<kWidth>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
+}
+
+template <int kWidth>
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
+  constexpr int kGroup = (kWidth / 8) % 8 == 0 ? 8 : 4;
+  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
+         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * kWidth * 2);
+}
+
+// One thread block of Cfg::kThreads threads per key block of Cfg::kBc keys of every (batch, head),
+// with Cfg::kSmemBytes of dynamic shared memory; a GPU that cannot give a block that much is refused
+// with the numbers.
+template <typename Cfg>
+void launch_key_blocks(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0, smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK(major >= 8, "the tensor-core attention backward needs compute capability 8.0 or newer "
+              "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
+  TORCH_CHECK(Cfg::kSmemBytes <= smem_optin, "variant: this tile configuration needs ", Cfg::kSmemBytes,
+              " bytes of shared memory per block, this GPU allows ", smem_optin, ": use another variant");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::kBc) * p.B * p.H;
+  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::kBc, ")) for one grid");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace phase5_bwd
