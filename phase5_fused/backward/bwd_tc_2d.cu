@@ -11,10 +11,9 @@
 //   S = Q_i K_j^T, dP = dO_i V_j^T    Br x Bc      2 x 4 warps (query rows x keys), Br/2 x 32 each
 //   P = exp(S - L_i), dS = P (dP - D_i)            on those accumulators; then P and dS go to shared
 //                                                  memory (rounded to T), and a barrier
-//   dV_j += P^T dO_i                    Bc x D     4 x 2 warps (keys x head dim), 32 x D/2 each,
+//   dV_j += P^T dO_i, dK_j += dS^T Q_i  Bc x D     4 x 2 warps (keys x head dim), 32 x D/2 each,
 //                                                  kept in registers for the whole loop
 //   dQ_i += dS K_j                      Br x D     kQRowGroups x kQColGroups warps, atomicAdd
-//   dK_j += dS^T Q_i                    Bc x D     as dV_j, while the atomics drain
 // P^T and dS^T are read from shared memory by ldmatrix .trans: no transposed copy is stored.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -140,9 +139,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     const float* sDi = sDelta + stage * kBr;
 
     // Wait for Q_i, dO_i (and K_j, V_j); the barrier also says every warp is done with step - 1:
-    // its stage, sP and sdS are free.
+    // its stage, sP and sdS are free. Then start the next query block into the other stage.
     course::cp_async_wait<0>();
     __syncthreads();
+    const bool prefetch = step + 1 < n_steps;
+    float next_stat = 0.0f;
+    if (prefetch) {
+      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, w.Q, q0 + kBr, Sq);
+      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, w.dO, q0 + kBr, Sq);
+      next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
+    }
+    course::cp_async_commit();
 
     // Step 1: S = Q_i K_j^T and dP = dO_i V_j^T for the warp's Br/2 rows x 32 keys, k = head dim in
     // steps of 16 (one product after the other: fewer A fragments live at once). A = Q_i or dO_i
@@ -174,18 +181,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     };
     scores(s, q_bytes, kKBytes);
     scores(dp, o_bytes, kVBytes);
-
-    // Start the next query block into the other stage. Not at the top of the step: there the copies
-    // would queue behind the previous step's dQ atomics in the load/store unit (ncu's LG throttle);
-    // by now those have drained while the tensor cores computed S and dP.
-    const bool prefetch = step + 1 < n_steps;
-    float next_stat = 0.0f;
-    if (prefetch) {
-      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, w.Q, q0 + kBr, Sq);
-      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, w.dO, q0 + kBr, Sq);
-      next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
-    }
-    course::cp_async_commit();
 
     // Step 2: P = 2^(S scale log2(e) + bias log2(e) - L_i log2(e)) and dS = P (dP - D_i), in place
     // (s becomes P, dp becomes dS). Element e of tile (mt, nt): query s_row0 + 16 mt + g + 8 (e / 2),
@@ -248,34 +243,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     }
     __syncthreads();
 
-    // Step 4: dV_j += P^T dO_i for the warp's 32 keys x D/2 columns, k = queries in steps of 16.
-    // A = P^T: the [query][key] tile read .trans by chunks (a tile stored transposed); B = dO_i by
-    // rows, .trans (queries run along the rows). Step 6 does dK_j += dS^T Q_i the same way.
-    auto key_grads = [&](float (&acc)[kKvM][kKvN][4], uint32_t a_bytes, uint32_t b_bytes) {
+    // Step 4: dV_j += P^T dO_i and dK_j += dS^T Q_i for the warp's 32 keys x D/2 columns, k = queries
+    // in steps of 16. A = P^T or dS^T: the [query][key] tiles read .trans by chunks (a tile stored
+    // transposed); B = dO_i or Q_i by rows, .trans (queries run along the rows).
 #pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk) {
-        uint32_t a[kKvM][4];
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      uint32_t ap[kKvM][4], ads[kKvM][4];
 #pragma unroll
-        for (int mt = 0; mt < kKvM; ++mt)
-          tc::ldmatrix_x4_trans(a[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + a_bytes);
+      for (int mt = 0; mt < kKvM; ++mt) {
+        tc::ldmatrix_x4_trans(ap[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kPBytes);
+        tc::ldmatrix_x4_trans(ads[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kDsBytes);
+      }
 #pragma unroll
-        for (int np = 0; np < kKvN / 2; ++np) {
-          uint32_t bf[4];
-          tc::ldmatrix_x4_trans(bf, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + b_bytes);
+      for (int np = 0; np < kKvN / 2; ++np) {
+        uint32_t bo[4], bq[4];
+        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + o_bytes);
+        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + q_bytes);
 #pragma unroll
-          for (int mt = 0; mt < kKvM; ++mt) {
-            tc::mma_16816<T>(acc[mt][2 * np], a[mt], bf[0], bf[1]);
-            tc::mma_16816<T>(acc[mt][2 * np + 1], a[mt], bf[2], bf[3]);
-          }
+        for (int mt = 0; mt < kKvM; ++mt) {
+          tc::mma_16816<T>(dv[mt][2 * np], ap[mt], bo[0], bo[1]);
+          tc::mma_16816<T>(dv[mt][2 * np + 1], ap[mt], bo[2], bo[3]);
+          tc::mma_16816<T>(dk[mt][2 * np], ads[mt], bq[0], bq[1]);
+          tc::mma_16816<T>(dk[mt][2 * np + 1], ads[mt], bq[2], bq[3]);
         }
       }
-    };
-    key_grads(dv, kPBytes, o_bytes);
+    }
 
     // Step 5: dQ_i += scale dS K_j for the warp's kQRows x kQCols, k = keys in steps of 16, added to
     // the FP32 dQ that every key block shares (atomicAdd). A = dS plainly by rows; B = K_j by rows,
-    // .trans (keys run along the rows). Before dK (FlashAttention-2's order): the atomics drain
-    // while the tensor cores compute step 6.
+    // .trans (keys run along the rows).
     {
       float acc[kQM][kQN][4];
 #pragma unroll
@@ -317,10 +313,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
       }
     }
 
-    // Step 6: dK_j += dS^T Q_i, as step 4.
-    key_grads(dk, kDsBytes, q_bytes);
-
-    // The next block's L_i, D_i, loaded after step 1, into the other stage.
+    // The next block's L_i, D_i, loaded at the top of the step, into the other stage.
     if (prefetch) stage_stat(stage ^ 1, next_stat);
   }
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
