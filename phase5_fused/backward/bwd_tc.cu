@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 
 template <typename T, typename Cfg, bool kHasMask>
 void launch(const BwdParams& p, cudaStream_t stream) {
-  launch_key_blocks<Cfg>(tc_backward_kernel<T, Cfg, kHasMask>, p, stream);
+  launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, kHasMask>>(p, stream);
 }
 
 template <typename T, int D>

@@ -343,9 +343,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 template <typename T, int D>
 void launch_for_mask(const BwdParams& p, cudaStream_t stream) {
   if (p.masking.mask.kind != course::MaskKind::kNone) {
-    launch_key_blocks<Tile2d<D>>(tc_backward_2d_kernel<T, Tile2d<D>, true>, p, stream);
+    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, true>>(p, stream);
   } else {
-    launch_key_blocks<Tile2d<D>>(tc_backward_2d_kernel<T, Tile2d<D>, false>, p, stream);
+    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, false>>(p, stream);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "bwd.h"
 #include "common.cuh"
 #include "cp_async.cuh"
+#include "shared_memory_opt_in.h"
 
 namespace phase5_bwd {
 
@@ -73,23 +74,20 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) 
 }
 
 // One thread block of Cfg::kThreads threads per key block of Cfg::kBc keys of every (batch, head),
-// with Cfg::kSmemBytes of dynamic shared memory; a GPU that cannot give a block that much is refused
-// with the numbers.
-template <typename Cfg>
-void launch_key_blocks(void (*kernel)(BwdParams), const BwdParams& p, cudaStream_t stream) {
+// with Cfg::kSmemBytes of dynamic shared memory (opted in once per device; a GPU that cannot give a
+// block that much is refused with the numbers: shared_memory_opt_in.h).
+template <typename Cfg, auto kKernel>
+void launch_key_blocks(const BwdParams& p, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  int major = 0, smem_optin = 0;
+  int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   TORCH_CHECK(major >= 8, "the tensor-core attention backward needs compute capability 8.0 or newer "
               "(mma.sync m16n8k16, ldmatrix, cp.async); this GPU has ", major, ".x");
-  TORCH_CHECK(Cfg::kSmemBytes <= smem_optin, "variant: this tile configuration needs ", Cfg::kSmemBytes,
-              " bytes of shared memory per block, this GPU allows ", smem_optin, ": use another variant");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  course::opt_in_shared_memory<kKernel>(device, Cfg::kSmemBytes);
   const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::kBc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::kBc, ")) for one grid");
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
