@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const int warp_q0 = q0 + warp_row0;      // ... and in the sequence
   // ldmatrix lane addresses (see the matmuls below for which lane reads which row and chunk).
   const uint32_t lane_offset = tc::lane_tile_offset<Dp>(lane);
+  const uint32_t lane_offset_b = tc::lane_tile_offset_b<Dp>(lane);  // K as the B operand of S
   const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * Dp) + lane_offset;
   uint32_t q_frag[kQInRegisters ? kM : 1][kQInRegisters ? Dp / 16 : 1][4];  // with kQInRegisters
 
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
     const int kv0 = j * kBc;
-    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * Dp) + lane_offset;
+    const uint32_t k_lane = course::smem_u32(sK + (j % kStages) * kBc * Dp) + lane_offset_b;
     const uint32_t v_lane = course::smem_u32(sV + (j % kStages) * kBc * Dp) + lane_offset;
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
@@ -309,8 +310,9 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
     if (kWindow && kv0 + kBc - 1 <= warp_q0 - window) continue;
 
     // S = Q_i K_j^T on tensor cores, k = head dim in steps of 16. A (Q rows 0-15, chunks 2kk and
-    // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: the 8x8 matrices of K rows
-    // (keys 0-7 | 8-15) x (chunk 2kk | 2kk+1) are b0 of n8 tiles 2np, 2np+1, then their b1.
+    // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: with the second lane pattern
+    // (tc_mma.cuh) the 8x8 matrices of K, (keys 0-7 | 8-15) x (chunk 2kk | 2kk+1) taken chunk first,
+    // are b0, b1 of n8 tile 2np, then b0, b1 of tile 2np + 1.
     float s[kM][kN][4];
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
@@ -338,8 +340,8 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         tc::ldmatrix_x4(bk, tc::ldsm_addr<Dp>(k_lane, np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
-          tc::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
-          tc::mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[1], bk[3]);
+          tc::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          tc::mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }

@@ -35,11 +35,12 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   }
 }
 
-// Every ldmatrix.x4 of the tensor-core kernels uses one lane pattern: lane l gives the address of
-// row R + l % 16, chunk C + l / 16 of a swizzled [rows][Dp] tile, so the four 8x8 matrices are
-// (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple of 16) and C (even) are constants
-// once the loops are unrolled. With lane_base = the tile's address of the lane's own (l % 16, l / 16)
-// element and G = the swizzle group (8 or 4 chunks), the swizzled address is
+// The ldmatrix.x4 of the tensor-core kernels use one lane pattern (K in S = Q K^T the second one,
+// below it): lane l gives the address of row R + l % 16, chunk C + l / 16 of a swizzled [rows][Dp]
+// tile, so the four 8x8 matrices are (rows R..R+7 | R+8..R+15) x (chunk C | C+1). R (a multiple
+// of 16) and C (even) are constants once the loops are unrolled. With lane_base = the tile's address
+// of the lane's own (l % 16, l / 16) element and G = the swizzle group (8 or 4 chunks), the swizzled
+// address is
 //   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * Dp * 2
 // because tiles and rows are multiples of G * 16 bytes: one XOR with a constant per ldmatrix, and
 // one register per tile instead of one per unrolled ldmatrix.
@@ -47,6 +48,19 @@ template <int Dp>
 __device__ __forceinline__ uint32_t lane_tile_offset(int lane) {
   const int row = lane & 15;
   const int chunk = lane >> 4;
+  return static_cast<uint32_t>((row * Dp + swizzle<Dp / 8>(row, chunk) * 8) * 2);
+}
+
+// A second pattern for a B operand stored [n][k] (K in S = Q K^T): lane l gives row
+// R + l % 8 + 8 (l / 16), chunk C + (l / 8) % 2, so the four matrices are (rows R..R+7, chunk C),
+// (R..R+7, C+1), (R+8..R+15, C), (R+8.., C+1): b0, b1 of the n8 tile of rows R..R+7, then b0, b1 of
+// the tile of rows R+8..R+15, each pair in consecutive registers as mma.sync takes it. (The first
+// pattern gives b0, b0, b1, b1, and the compiler adds a register move per operand register to pair
+// them.) ldsm_addr applies to both: the lane's row stays below 16 and its chunk is 0 or 1.
+template <int Dp>
+__device__ __forceinline__ uint32_t lane_tile_offset_b(int lane) {
+  const int row = (lane & 7) + ((lane >> 4) << 3);
+  const int chunk = (lane >> 3) & 1;
   return static_cast<uint32_t>((row * Dp + swizzle<Dp / 8>(row, chunk) * 8) * 2);
 }
 
