@@ -13,7 +13,8 @@
 //                                                  memory (rounded to T), and a barrier
 //   dV_j += P^T dO_i, dK_j += dS^T Q_i  Bc x D     4 x 2 warps (keys x head dim), 32 x D/2 each,
 //                                                  kept in registers for the whole loop
-//   dQ_i += dS K_j                      Br x D     kQRowGroups x kQColGroups warps, atomicAdd
+//   dQ_i += dS K_j                      Br x D     kQRowGroups x kQColGroups warps; the tile goes
+//                                                  through shared memory to row-wise atomicAdd
 // P^T and dS^T are read from shared memory by ldmatrix .trans: no transposed copy is stored.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -296,19 +297,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
           }
         }
       }
+      // The tile goes to L2 through shared memory: written in the fragments' order into the bytes
+      // of P and dS (every warp is done reading them: steps 4 and 5 are behind the barrier), then
+      // read back so that the 32 lanes of a warp add 32 consecutive floats of one row: one 128-byte
+      // line per atomic instruction, where the fragments' order touches 8 rows (8 sectors).
+      // Chunks of 8 floats are XOR-swizzled by row % 4: the fragment writes (8 rows x 8 floats)
+      // take the minimum of two wavefronts and the row reads one.
+      auto dq_at = [](int row, int col) { return row * D + (((col >> 3) ^ (row & 3)) << 3) + (col & 7); };
+      float* sdQ = reinterpret_cast<float*>(sP);
+      static_assert(kBr * D * sizeof(float) <= 2 * kBr * kBc * sizeof(T), "dQ_i fits in the bytes of P and dS");
+      __syncthreads();
 #pragma unroll
       for (int mt = 0; mt < kQM; ++mt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = q0 + q_row0 + 16 * mt + g + 8 * r;
-          if (row < Sq) {
-            float* dq_row = w.dQ + static_cast<int64_t>(row) * D + q_col0 + 2 * t;
+          const int row = q_row0 + 16 * mt + g + 8 * r;
 #pragma unroll
-            for (int nt = 0; nt < kQN; ++nt) {
-              atomicAdd(dq_row + 8 * nt, p.scale * acc[mt][nt][2 * r]);
-              atomicAdd(dq_row + 8 * nt + 1, p.scale * acc[mt][nt][2 * r + 1]);
-            }
+          for (int nt = 0; nt < kQN; ++nt) {
+            const float2 pair = make_float2(p.scale * acc[mt][nt][2 * r], p.scale * acc[mt][nt][2 * r + 1]);
+            *reinterpret_cast<float2*>(sdQ + dq_at(row, q_col0 + 8 * nt + 2 * t)) = pair;
           }
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int row = warp; row < kBr; row += Cfg::kWarps) {
+        if (q0 + row < Sq) {
+          float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * D;
+#pragma unroll
+          for (int col = lane; col < D; col += course::kWarpSize) atomicAdd(dq_row + col, sdQ[dq_at(row, col)]);
         }
       }
     }
