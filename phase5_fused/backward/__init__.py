@@ -41,10 +41,11 @@ TC_SUPPORTED_D = (32, 64, 96, 128)
 # each dtype.
 VARIANTS = {torch.float32: 2, torch.float16: 3, torch.bfloat16: 3}
 TF32X3_SUPPORTED_D = (32, 64, 96, 128)
-# The variant autograd runs, per dtype and head dim: 1 where the variants tables measured it faster
-# than 0 (D = 64 and 128, causal and not: FP16 and BF16's 8 warps, FP32's 3xTF32 kernel); 0 at the
-# head dims they have not been measured at.
-DEFAULT_VARIANT = {64: 1, 128: 1}
+# The variant autograd runs: the ops' variant -1, which picks per head dim and GPU (bwd_ops.cpp,
+# default_variant): at D = 64 and 128 the fastest the variants tables measured that the GPU holds
+# (FP32's 3xTF32 kernel; FP16 and BF16's variant 2 where a block may have its shared memory, else
+# variant 1), 0 at the head dims they have not been measured at.
+DEFAULT_VARIANT = -1
 # The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
 OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",
        torch.bfloat16: "attention_backward_tc"}
@@ -53,7 +54,7 @@ OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backw
 def _register_fakes() -> None:
     """Meta implementations, so torch.compile can trace a backward through the ops."""
 
-    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=0):
+    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=-1):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     for name in set(OPS.values()):
@@ -81,16 +82,11 @@ def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
     return tuple(n for n in range(VARIANTS[dtype]) if dtype != torch.float32 or n == 0 or D in TF32X3_SUPPORTED_D)
 
 
-def default_variant(D: int) -> int:
-    """The variant autograd runs at head dim D, whatever the dtype (DEFAULT_VARIANT)."""
-    return DEFAULT_VARIANT.get(int(D), 0)  # int(): D may be symbolic
-
-
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
                        key_lengths=None, dlse=None, variant=None):
     """(dq, dk, dv) of softmax(scale q k^T + mask) v, from the forward's out and lse (see the module
     docstring). Non-contiguous inputs are copied. variant: the kernel's tile configuration
-    (VARIANTS; run.py compares them); None: default_variant, the one autograd runs."""
+    (VARIANTS; run.py compares them); None: DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
         scale=scale)
@@ -107,15 +103,15 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
     if q.dtype != torch.float32 and stride not in (None, 1):
         raise ValueError(f"stride is supported in float32 only (the tensor-core forward has none), got {stride!r}")
     if variant is None:
-        variant = default_variant(D)
-    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
+        variant = DEFAULT_VARIANT
+    elif isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
-    if variant not in variants_for(q.dtype, D):
+    elif variant not in variants_for(q.dtype, D):
         raise ValueError(f"q: head dim D={D} is not supported by the 3xTF32 backward (variant 1 takes "
                          f"{TF32X3_SUPPORTED_D}): use variant 0")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
-    if q.dtype != torch.float32 or variant == 1:  # 16-byte cp.async loads
+    if q.dtype != torch.float32 or variant in (1, DEFAULT_VARIANT):  # 16-byte cp.async loads
         q, k, v, dout = _aligned(q), _aligned(k), _aligned(v), _aligned(dout)
     op = getattr(load(), OPS[q.dtype])
     return op(q, k, v, out, lse, dout, dlse, mask, is_causal, None if scale is None else float(scale),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from phase5_fused.backward import _aligned, default_variant, load
+from phase5_fused.backward import DEFAULT_VARIANT, _aligned, load
 
 _REGISTERED: set[str] = set()
 
@@ -44,7 +44,7 @@ def _backward(ctx, grad_out, grad_lse, op_name):
     dlse = None if grad_lse is None else grad_lse.contiguous()
     q, k, v = _aligned(q), _aligned(k), _aligned(v)  # the tensor-core kernels' 16-byte loads
     dq, dk, dv = getattr(load(), op_name)(q, k, v, out, lse, dout, dlse, mask, ctx.is_causal, ctx.scale,
-                                          ctx.stride, key_lengths, default_variant(q.shape[-1]))
+                                          ctx.stride, key_lengths, DEFAULT_VARIANT)
     return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
 

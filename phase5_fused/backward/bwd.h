@@ -57,5 +57,7 @@ void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream);
 // launch_tc_backward calls for it).
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
 void launch_tc_backward_2d(const BwdParams& p, int D, DType dtype, cudaStream_t stream);
+// The dynamic shared memory a block of variant 2 needs at head dim D (one of kTcSupportedD).
+int tc_backward_2d_smem_bytes(int D);
 
 }  // namespace phase5_bwd

@@ -6,6 +6,7 @@
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), or bwd_tc_2d.cu,
 //       variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles)
+//   variant -1 (the schema's default, autograd's): default_variant below.
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
 // tensor-core kernel's own (bwd.h), fewer than its forward takes.
@@ -17,11 +18,27 @@
 #include <string>
 #include <tuple>
 
+#include "bwd.h"
 #include "bwd_prepare.h"
+#include "shared_memory_opt_in.h"
 
 namespace {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+constexpr int64_t kDefaultVariant = -1;
+
+// The variant that variant -1 runs: at D = 64 and 128, where the variants tables measured a variant
+// faster than 0 (causal and not), the fastest of them that this GPU holds: FP32 1 (3xTF32); FP16 and
+// BF16 2 where a block may have its shared memory (sm_80, sm_90), else 1 (sm_86, sm_89: 99 KB).
+// Every other head dim: 0, until measured. q's D is checked later by prepare (0 if q is not 4-D).
+int64_t default_variant(const at::Tensor& q, bool tensor_cores) {
+  const int64_t D = q.dim() == 4 ? q.size(3) : 0;
+  if (D != 64 && D != 128) return 0;
+  if (!tensor_cores) return 1;
+  const int limit = course::shared_memory_per_block(c10::cuda::current_device());
+  return phase5_bwd::tc_backward_2d_smem_bytes(static_cast<int>(D)) <= limit ? 2 : 1;
+}
 
 Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
@@ -30,8 +47,9 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
                               const c10::optional<at::Tensor>& key_lengths,
                               int64_t variant) {
   const c10::cuda::CUDAGuard guard(q.device());
+  if (variant == kDefaultVariant) variant = default_variant(q, /*tensor_cores=*/false);
   TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 (FFMA) or 1 (3xTF32 tensor cores) for the FP32 "
-              "backward, got ", variant);
+              "backward, or -1 (the default), got ", variant);
   phase5_bwd::Prepared prep =
       phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
                           variant == 1 ? phase5_bwd::Kernel::kFp32TensorCores : phase5_bwd::Kernel::kFp32);
@@ -49,8 +67,10 @@ Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::
                             bool is_causal, c10::optional<double> scale, int64_t stride,
                             const c10::optional<at::Tensor>& key_lengths,
                             int64_t variant) {
-  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0, 1 or 2 for the tensor-core backward, got ", variant);
   const c10::cuda::CUDAGuard guard(q.device());
+  if (variant == kDefaultVariant) variant = default_variant(q, /*tensor_cores=*/true);
+  TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0, 1 or 2 for the tensor-core backward, or -1 (the "
+              "default), got ", variant);
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride,
                                                   key_lengths, phase5_bwd::Kernel::kTensorCores);
   const phase5_bwd::DType kind =
@@ -67,7 +87,7 @@ TORCH_LIBRARY(phase5_fused_bwd, m) {
   for (const char* name : {"attention_backward_fp32", "attention_backward_tc"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, Tensor? mask, "
-        "bool is_causal, float? scale, int stride, Tensor? key_lengths, int variant=0) -> (Tensor, Tensor, Tensor)";
+        "bool is_causal, float? scale, int stride, Tensor? key_lengths, int variant=-1) -> (Tensor, Tensor, Tensor)";
     m.def(schema.c_str());
   }
 }

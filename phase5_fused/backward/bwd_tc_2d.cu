@@ -379,6 +379,16 @@ void launch_for_d(const BwdParams& p, int D, cudaStream_t stream) {
 
 }  // namespace
 
+int tc_backward_2d_smem_bytes(int D) {
+  switch (D) {
+    case 32: return Tile2d<32>::kSmemBytes;
+    case 64: return Tile2d<64>::kSmemBytes;
+    case 96: return Tile2d<96>::kSmemBytes;
+    case 128: return Tile2d<128>::kSmemBytes;
+    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
+  }
+}
+
 void launch_tc_backward_2d(const BwdParams& p, int D, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBFloat16) {
     launch_for_d<__nv_bfloat16>(p, D, stream);

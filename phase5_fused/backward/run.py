@@ -14,7 +14,7 @@
    q, k, v, O, dO read once, dq, dk, dv written once (8 B H S D elements).
    At S=4096 the tensor-core kernel's three tile configurations (bwd_tc.cu: variant 0, 4 warps and
    Bc = 64; variant 1, 8 warps and Bc = 128; bwd_tc_2d.cu: variant 2, FlashAttention-2's
-   two-dimensional warp tiles; autograd's default per D is backward.default_variant) are also timed
+   two-dimensional warp tiles; autograd's default per D and GPU is backward.DEFAULT_VARIANT) are also timed
    by calling the backward op directly on the saved out and lse: rows phase5_fused_bwd_tc_v0, _v1
    and _v2; likewise the Hopper kernel's variants (hopper_bwd.cu: 0, dQ
    shared by keys; 1, by columns; autograd runs hopper.BWD_DEFAULT_VARIANT), rows
@@ -23,8 +23,8 @@
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
-   PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variant 2 called directly,
-   and the peer of each dtype): instruction counts, memory
+   PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variants 1 and 2 called
+   directly, and the peer of each dtype): instruction counts, memory
    traffic, occupancy, why warps wait (utils.ncu); records under "ncu" in the results.
 5. results/metrics.json, then the tables manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results. --quick: S=1024 only,
@@ -52,14 +52,15 @@ VARIANT_S = 4096  # the tensor-core variants are compared here
 # ncu profiles the backward's main kernel of each (impl, D) at S=NCU_S, non-causal, in this order.
 NCU_S = 4096
 # The Hopper kernel's come last: on another GPU they are missing, and the others keep their labels.
-PROFILE_CALLS = [("phase5_fused_bwd_tc", 64), ("phase5_fused_bwd_tc", 128), ("phase5_fused_bwd_tc_v2", 64),
+PROFILE_CALLS = [("phase5_fused_bwd_tc_v1", 64), ("phase5_fused_bwd_tc_v1", 128), ("phase5_fused_bwd_tc_v2", 64),
                  ("phase5_fused_bwd_tc_v2", 128), ("sdpa_flash", 64), ("sdpa_flash", 128), ("phase5_fused_bwd", 64),
                  ("sdpa_efficient", 64), ("phase5_fused_bwd_hopper", 64), ("phase5_fused_bwd_hopper", 128)]
 # Profiled impls that are a variant's op called directly, not autograd's backward: (kernel, variant).
-PROFILE_VARIANTS = {"phase5_fused_bwd_tc_v2": ("tc", 2)}
+# The tensor-core kernel's are named by variant: autograd's default depends on the GPU.
+PROFILE_VARIANTS = {"phase5_fused_bwd_tc_v1": ("tc", 1), "phase5_fused_bwd_tc_v2": ("tc", 2)}
 # The main kernel each impl's backward launches (FP32: variant 1, 3xTF32, at D = 64 and 128, the
 # default): ncu profiles these, and each record is checked against its call's before it is labelled.
-MAIN_KERNEL = {"phase5_fused_bwd_tc": "tc_backward_kernel", "phase5_fused_bwd_tc_v2": "tc_backward_2d_kernel",
+MAIN_KERNEL = {"phase5_fused_bwd_tc_v1": "tc_backward_kernel", "phase5_fused_bwd_tc_v2": "tc_backward_2d_kernel",
                "sdpa_flash": "flash_bwd_dq_dk_dv",
                "phase5_fused_bwd": "fp32_backward_kernel|tf32x3_backward_kernel", "sdpa_efficient": "fmha_cutlassB",
                "phase5_fused_bwd_hopper": "hopper_bwd_kernel"}
@@ -202,7 +203,7 @@ def profile_target(names: str) -> None:
 
 
 def run_ncu() -> dict:
-    """ncu records of the backward's main kernel named impl_D<D> ({"phase5_fused_bwd_tc_D64": {...},
+    """ncu records of the backward's main kernel named impl_D<D> ({"phase5_fused_bwd_tc_v1_D64": {...},
     ...}), or why ncu did not run."""
     from utils.ncu import NcuUnavailable, profile_python
 

@@ -429,6 +429,45 @@ def test_tc_variants(D, dtype, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("D", (32, 64, 128))
+def test_default_variant_per_head_dim_and_gpu(dtype, D):
+    """variant=None, autograd's, runs the variant the op's default names for D and this GPU: at D = 64
+    and 128 FP32's 3xTF32 kernel and FP16/BF16's variant 2 where a block may have its shared memory
+    (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1; variant 0 at other D. Told apart by
+    the kernels each call launches (torch.profiler), every variant's set its own."""
+    optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    if D not in (64, 128):
+        expected = 0
+    elif dtype == torch.float32 or optin <= 99 * 1024:
+        expected = 1
+    elif optin >= 227 * 1024:
+        expected = 2
+    else:
+        pytest.skip(f"a GPU with {optin} bytes per block: between the two whose answer the test knows")
+    q, k, v, dout, info = make_inputs(1, 2, 100, 130, D, dtype)
+    out, lse = (fp32 if dtype == torch.float32 else tc).attention(q, k, v, return_lse=True)
+    default = kernels_launched(lambda: backward.attention_backward(q, k, v, out, lse, dout))
+    for variant in backward.variants_for(dtype, D):
+        launched = kernels_launched(lambda: backward.attention_backward(q, k, v, out, lse, dout, variant=variant))
+        assert (launched == default) == (variant == expected), \
+            f"default {sorted(default)} vs variant {variant} {sorted(launched)} (expected {expected}) {info}"
+
+
+def kernels_launched(fn) -> set[str]:
+    """The names of the CUDA kernels that one call of fn launches."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
 def test_gradient_through_lse(dtype):
     """A loss that uses lse too: d lse_i / d S_ij = P_ij, folded into D_i."""
     q, k, v, dout, info = make_inputs(2, 2, 65, 90, 64, dtype)
