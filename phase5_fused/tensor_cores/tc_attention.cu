@@ -35,6 +35,7 @@
 #include <math_constants.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_args.h"
 #include "common.cuh"
@@ -70,8 +71,8 @@ __device__ __forceinline__ float row_max_of(const float (&s)[kN][4], int r) {
 // two blocks per SM must fit in 227 KB, and the S and O accumulators of a warp's Br/4 rows in at
 // most 255 registers per thread. Dp = 64 and 128 take the tiles that measured fastest (README:
 // "Tiles by measurement"): at Dp = 64 blocks of 64 keys in three stages (FlashAttention-2's
-// 128 x 128 spills here, and measured slower); at Dp = 128 blocks of 32 keys in three stages, where
-// FlashAttention-2 takes 128 x 64. At Dp = 160 a warp's 32 rows still
+// 128 x 128 spills here, and measured slower); at Dp = 128 FlashAttention-2's 128 x 64 in two
+// stages (README: "D = 128 on FlashAttention-2's tile"). At Dp = 160 a warp's 32 rows still
 // fit with Bc = 32 (FlashAttention-2's 128 x 32); from Dp = 192 their O accumulator alone would take
 // 192+ registers, so a warp owns 16 rows (Br = 64), and Bc is the largest that keeps two blocks per
 // SM and divides the copies among the threads.
@@ -79,7 +80,7 @@ __device__ __forceinline__ float row_max_of(const float (&s)[kN][4], int r) {
 //   32   128  128  3       56 KB    128 + 32
 //   64   128  64   3       64 KB    64 + 64
 //   96   128  64   2       72 KB    64 + 96
-//   128  128  32   3       80 KB    32 + 128
+//   128  128  64   2       96 KB    64 + 128
 //   160  128  32   3       100 KB   32 + 160
 //   192  64   48   2       96 KB    24 + 96
 //   224  64   32   2       84 KB    16 + 112
@@ -100,7 +101,7 @@ struct Tile<96> {
 };
 template <>
 struct Tile<128> {
-  static constexpr int kBr = 128, kBc = 32, kStages = 3;
+  static constexpr int kBr = 128, kBc = 64, kStages = 2;
 };
 template <>
 struct Tile<160> {
@@ -276,7 +277,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
   const uint32_t q_lane = course::smem_u32(sQ + warp_row0 * Dp) + lane_offset;
   uint32_t q_frag[kQInRegisters ? kM : 1][kQInRegisters ? Dp / 16 : 1][4];  // with kQInRegisters
 
-  for (int j = j_begin; j < n_blocks; ++j) {
+  // One step of the key loop, for block j: S = Q_i K_j^T, the online softmax, O += P V_j. A
+  // masked step (kMasked) tests every score against the masks; the unmasked copy has no mask code
+  // at all, and the loops below give it every block in which no row of this tile can be hidden.
+  auto key_block = [&](const int j, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     // Wait for K_j, V_j (and Q at the first block); the barrier makes every thread's copies
     // visible and tells us that all warps are done with block j - 1, whose stage is refilled next.
     course::cp_async_wait<kStages - 2>();
@@ -305,9 +310,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 
     // Causal: when every key of the block lies above this warp's last row, its scores are all
     // hidden and the warp has nothing to do for this block. Window: likewise when every key lies
-    // at or below the warp's first row minus the window.
-    if (causal && kv0 > warp_q0 + kWarpRows - 1) continue;
-    if (kWindow && kv0 + kBc - 1 <= warp_q0 - window) continue;
+    // at or below the warp's first row minus the window. (Only masked blocks can be such blocks.)
+    if constexpr (kMasked) {
+      if (causal && kv0 > warp_q0 + kWarpRows - 1) return;
+      if (kWindow && kv0 + kBc - 1 <= warp_q0 - window) return;
+    }
 
     // S = Q_i K_j^T on tensor cores, k = head dim in steps of 16. A (Q rows 0-15, chunks 2kk and
     // 2kk+1) is the ldmatrix.x4 as loaded. B = K^T needs no transpose: with the second lane pattern
@@ -346,13 +353,11 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
       }
     }
 
-    // Mask per element only where the block needs it: keys past the valid length, the causal
-    // diagonal, the window's lower edge (-inf = hidden), or the user's mask. Without a user mask the
-    // scores stay unscaled: c > 0 keeps their row max where it is, and the exponent below applies
-    // the scale in the same FFMA that subtracts the max. A user mask is a bias in log2 units added
+    // Mask per element, in masked blocks only: keys past the valid length, the causal diagonal,
+    // the window's lower edge (-inf = hidden), or the user's mask. Without a user mask the scores
+    // stay unscaled: c > 0 keeps their row max where it is, and the exponent below applies the
+    // scale in the same FFMA that subtracts the max. A user mask is a bias in log2 units added
     // after the scale, so that instance scales first (kFold = false).
-    const bool need_mask = kHasMask || kv0 + kBc > kv_len || (causal && kv0 + kBc - 1 > warp_q0) ||
-                           (kWindow && kv0 <= warp_q0 + kWarpRows - 1 - window);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
@@ -360,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = kFold ? s[mt][nt][e] : s[mt][nt][e] * p.scale_log2;
-          if (need_mask) {
+          if constexpr (kMasked) {
             const int i = warp_q0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
             const int jj = kv0 + nt * 8 + (lane & 3) * 2 + (e & 1);
             if (jj >= kv_len || (causal && jj > i) || (kWindow && jj <= i - window)) {
@@ -453,7 +458,27 @@ __global__ void __launch_bounds__(kThreads, 2) tc_attention_kernel(const Params 
         }
       }
     }
+  };
+
+  // The blocks that need no mask, [j_lo, j_hi), the same for every warp of the tile (so that no
+  // warp waits at the ring's barrier on another copy of the step): keys all valid
+  // (kv0 + Bc <= kv_len), with causal all at or left of the tile's first row (kv0 + Bc - 1 <= q0),
+  // with a window all right of the last row's window edge (kv0 >= q0 + Br - window). The blocks
+  // before them (the window's edge) and after them (the diagonal, key padding) are masked; with a
+  // user mask every block is. The ring streams the blocks in order: j_begin, ..., n_blocks - 1.
+  int j_lo = j_begin;
+  int j_hi = j_begin;
+  if constexpr (!kHasMask) {
+    if (kWindow) j_lo = max(j_begin, course::ceil_div(max(q0 + kBr - window, 0), kBc));
+    j_lo = min(j_lo, n_blocks);
+    j_hi = causal ? min(kv_len / kBc, (q0 + 1) / kBc) : kv_len / kBc;
+    j_hi = min(max(j_hi, j_lo), n_blocks);
   }
+  if constexpr (kWindow) {
+    for (int j = j_begin; j < j_lo; ++j) key_block(j, std::true_type{});
+  }
+  for (int j = j_lo; j < j_hi; ++j) key_block(j, std::false_type{});
+  for (int j = j_hi; j < n_blocks; ++j) key_block(j, std::true_type{});
 
   // Epilogue: O / l (rows with no visible key have l = 0 and give zeros), rounded to T, staged in
   // this warp's own rows of sQ (only this warp ever read them) and stored as coalesced 16-byte rows.
