@@ -184,6 +184,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kScores], int row0, int n
   }
 }
 
+// How many key blocks, from block 0, hide no score of any row of the tile whose first row is m0:
+// every key valid and, with causal, at or left of row m0. The loops run them through a copy of
+// their step without mask_scores, whose tests the compiler would otherwise issue, predicated, in
+// every block. The tile's bound, not the warpgroup's: every consumer runs the same loops.
+template <int kBN>
+__device__ __forceinline__ int unmasked_blocks(const Visibility& vis, int m0) {
+  return (vis.causal ? min(vis.kv_len, m0 + 1) : vis.kv_len) / kBN;
+}
+
 // Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8), in log2 units
 // (c = scale log2 e > 0, m in those units): m_new = max(m, c rowmax(S)), P = 2^(c S - m_new) in
 // place of S (one FFMA and one ex2 per score: the scale is folded into the exponent's argument),

@@ -18,6 +18,8 @@
 //                                   free (v6: store_output; v8: a piece's partial result and merge).
 #pragma once
 
+#include <type_traits>
+
 #include "hopper_pipeline.cuh"
 
 namespace hopper {
@@ -208,7 +210,9 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
       softmax_step(sc, p.scale_log2, m, l, alpha);
       pack_p<T>(sc, pa);
 
-      for (int j = 1; j < b.n_blocks; ++j) {
+      // Block j >= 1 of the item, in v4's two copies: masked (kMasked) and without mask code.
+      auto key_step = [&](const int j, auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
         const int gj = g + j;
         const int s = gj % kStages;            // stage of block j (K_j)
         const int sp = (gj - 1) % kStages;     // stage of block j - 1 (V_{j-1})
@@ -227,7 +231,7 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         wgmma_wait<1>();
         fence_operand(sc);
         release(&pipe.empty_k[s]);
-        mask_scores(sc, row0, n0, b.vis, need_mask(n0));
+        if constexpr (kMasked) mask_scores(sc, row0, n0, b.vis, need_mask(n0));
         softmax_step(sc, p.scale_log2, m, l, alpha);
         fence_operand(sc);  // the softmax pinned between the two waits, as in v3 and v4
         scratch[2 * tid] = l[0];
@@ -237,7 +241,10 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         release(&pipe.empty_v[sp]);
         rescale_o<D>(o, alpha);
         pack_p<T>(sc, pa);
-      }
+      };
+      const int j_hi = max(1, min(unmasked_blocks<kBN>(b.vis, b.m0) - b.j0, b.n_blocks));
+      for (int j = 1; j < j_hi; ++j) key_step(j, std::false_type{});
+      for (int j = j_hi; j < b.n_blocks; ++j) key_step(j, std::true_type{});
 
       // Every S = Q K^T of the item landed: Q's tile may take the next item's Q.
       release(empty_q);

@@ -24,6 +24,8 @@
 // warp zero them (produce<D, true, Tile>) and the consumers wait for the zeroed block on zeroed_v.
 #pragma once
 
+#include <type_traits>
+
 #include "hopper_launch.cuh"
 #include "hopper_pipeline.cuh"
 
@@ -97,7 +99,10 @@ __device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, E
     pack_p<T>(sc, pa);
   }
 
-  for (int j = 1; j < b.n_blocks; ++j) {
+  // One block j >= 1 of the loop. The masked copy (kMasked) tests the scores of the blocks that may
+  // hide some (need_mask); the unmasked copy has no mask code at all.
+  auto key_step = [&](const int j, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int s = j % kStages;            // stage of block j (K_j)
     const int sp = (j - 1) % kStages;     // stage of block j - 1 (V_{j-1})
     const int n0 = (b.j0 + j) * kBN;      // its first key
@@ -119,7 +124,7 @@ __device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, E
     wgmma_wait<1>();
     fence_operand(sc);
     release(&pipe.empty_k[s]);
-    mask_scores(sc, row0, n0, b.vis, need_mask(n0));
+    if constexpr (kMasked) mask_scores(sc, row0, n0, b.vis, need_mask(n0));
     softmax_step(sc, p.scale_log2, m, l, alpha);
     // Pin the softmax before the next wait. The compiler's order is not enough: ptxas schedules the
     // exponentials next to their first use (the rounding of P, after the wait), which serializes
@@ -135,7 +140,11 @@ __device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, E
     release(&pipe.empty_v[sp]);
     rescale_o<D>(o, alpha);
     pack_p<T>(sc, pa);
-  }
+  };
+  // Blocks 1 .. j_hi - 1 hide no score (unmasked_blocks): the unmasked copy; the rest the masked one.
+  const int j_hi = max(1, min(unmasked_blocks<kBN>(b.vis, b.m0) - b.j0, b.n_blocks));
+  for (int j = 1; j < j_hi; ++j) key_step(j, std::false_type{});
+  for (int j = j_hi; j < b.n_blocks; ++j) key_step(j, std::true_type{});
 
   // Tail: O += P V of the last block, on the last turn. The last warpgroup passes no turn after it:
   // each barrier then had as many waits as arrivals, and none is left half full.
