@@ -5,7 +5,8 @@ float64 reference; run under compute-sanitizer by `python -m utils.sanitize phas
 Head dims: per tile head dim Dp (tc.TILE_D) a padded D = Dp - 16 (80 on Dp = 96, the common one)
 and the unpadded D = Dp (256 the largest): every instance. Sizes: Sq = 17 and Sk = 70 (neither a
 multiple of any tile, Sq != Sk), one batch with a key length inside a block and one with none,
-causal, and the mask path with a fully masked row. Then the window instances (with and without a
+causal, non-causal (where Bc <= 64 the first key block of the full batch runs the copy of the step
+without mask code), and the mask path with a fully masked row. Then the window instances (with and without a
 mask) once each per D, grouped-query (H = 4 over H_kv = 2) at Sq = 300, Sk = 270, so that query
 blocks start past their first key blocks. The lesson's numbered versions: sanitize_versions.py.
 """
@@ -39,7 +40,7 @@ def main() -> int:
             q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
             mask = random_bool_mask((B, 1, Sq, Sk))
             mask[:, :, 3] = False
-            for m, causal in ((None, True), (mask, False)):
+            for m, causal in ((None, True), (None, False), (mask, False)):
                 out = poisoned_like(q)
                 tc.attention(q, k, v, mask=m, is_causal=causal, key_lengths=lengths, out=out)
                 ref = reference.attention(q, k, v, mask=m, is_causal=causal, key_lengths=lengths)
