@@ -125,12 +125,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dn][e] = dv[dn][e] = 0.0f;
   const int64_t warp_k0 = k0 + 16 * warp;
-  // ldmatrix lane addresses of the tiles (see ldsm_addr).
-  const uint32_t d_offset = lane_offset_by_rows<D>(lane);
-  const uint32_t d_offset_by_chunks = lane_offset_by_chunks<D>(lane);
+  // ldmatrix lane addresses of the tiles (see tc::ldsm_addr).
+  const uint32_t d_offset = tc::lane_tile_offset<D>(lane);
+  const uint32_t d_offset_by_chunks = tc::lane_tile_offset_b<D>(lane);
   const uint32_t k_lane = course::smem_u32(sK) + d_offset;
   const uint32_t v_lane = course::smem_u32(sV) + d_offset;
-  const uint32_t ds_lane = course::smem_u32(sdS) + lane_offset_by_chunks<kBr>(lane);
+  const uint32_t ds_lane = course::smem_u32(sdS) + tc::lane_tile_offset_b<kBr>(lane);
 
   for (int64_t step = 0; step < n_steps; ++step) {
     const int stage = static_cast<int>(step & 1);
@@ -163,13 +163,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
-      tc::ldmatrix_x4(ak, ldsm_addr<D>(k_lane, 16 * warp, 2 * kk));
-      tc::ldmatrix_x4(av, ldsm_addr<D>(v_lane, 16 * warp, 2 * kk));
+      tc::ldmatrix_x4(ak, tc::ldsm_addr<D>(k_lane, 16 * warp, 2 * kk));
+      tc::ldmatrix_x4(av, tc::ldsm_addr<D>(v_lane, 16 * warp, 2 * kk));
 #pragma unroll
       for (int np = 0; np < kN / 2; ++np) {
         uint32_t bq[4], bo[4];
-        tc::ldmatrix_x4(bq, ldsm_addr<D>(q_tile + d_offset_by_chunks, 16 * np, 2 * kk));
-        tc::ldmatrix_x4(bo, ldsm_addr<D>(o_tile + d_offset_by_chunks, 16 * np, 2 * kk));
+        tc::ldmatrix_x4(bq, tc::ldsm_addr<D>(q_tile + d_offset_by_chunks, 16 * np, 2 * kk));
+        tc::ldmatrix_x4(bo, tc::ldsm_addr<D>(o_tile + d_offset_by_chunks, 16 * np, 2 * kk));
         tc::mma_16816<T>(s[2 * np], ak, bq[0], bq[1]);
         tc::mma_16816<T>(s[2 * np + 1], ak, bq[2], bq[3]);
         tc::mma_16816<T>(dp[2 * np], av, bo[0], bo[1]);
@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
       for (int dn2 = 0; dn2 < D / 16; ++dn2) {
         uint32_t bo[4], bq[4];
-        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(o_lane, 16 * kk, 2 * dn2));
-        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(q_lane, 16 * kk, 2 * dn2));
+        tc::ldmatrix_x4_trans(bo, tc::ldsm_addr<D>(o_lane, 16 * kk, 2 * dn2));
+        tc::ldmatrix_x4_trans(bq, tc::ldsm_addr<D>(q_lane, 16 * kk, 2 * dn2));
         tc::mma_16816<T>(dv[2 * dn2], pa, bo[0], bo[1]);
         tc::mma_16816<T>(dv[2 * dn2 + 1], pa, bo[2], bo[3]);
         tc::mma_16816<T>(dk[2 * dn2], da, bq[0], bq[1]);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
       const int rg = warp % kRowGroups, cg = warp / kRowGroups;
       uint32_t a[kBc / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) tc::ldmatrix_x4_trans(a[kk], ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
+      for (int kk = 0; kk < kBc / 16; ++kk) tc::ldmatrix_x4_trans(a[kk], tc::ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
       const int64_t row0 = q0 + 16 * rg + g;  // rows row0 and row0 + 8
       float* dq_row0 = dQ + row0 * D + 2 * t;  // the thread's first element of row0 (column 2t)
 #pragma unroll
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
           uint32_t bk[4];
-          tc::ldmatrix_x4_trans(bk, ldsm_addr<D>(k_lane, 16 * kk, chunk));
+          tc::ldmatrix_x4_trans(bk, tc::ldsm_addr<D>(k_lane, 16 * kk, chunk));
           tc::mma_16816<T>(acc[0], a[kk], bk[0], bk[1]);
           tc::mma_16816<T>(acc[1], a[kk], bk[2], bk[3]);
         }

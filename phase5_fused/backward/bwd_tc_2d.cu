@@ -121,13 +121,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     for (int nt = 0; nt < kKvN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
-  // ldmatrix lane addresses (bwd_tc_tiles.cuh: ldsm_addr), one per pattern and tile width, taken
+  // ldmatrix lane addresses (bwd_tc_tiles.cuh), one per pattern and tile width, taken
   // from the start of shared memory; a tile's byte offset (a multiple of 128, like that start) is
   // added after the swizzle's XOR. Per-tile lane addresses would be 4 registers per tile and
   // pattern (one per XOR constant), more than the 255 registers hold beside the accumulators.
   const uint32_t smem0 = course::smem_u32(smem);
-  const uint32_t d_by_rows = smem0 + lane_offset_by_rows<D>(lane), d_by_chunks = smem0 + lane_offset_by_chunks<D>(lane);
-  const uint32_t bc_by_rows = smem0 + lane_offset_by_rows<kBc>(lane), bc_by_chunks = smem0 + lane_offset_by_chunks<kBc>(lane);
+  const uint32_t d_by_rows = smem0 + tc::lane_tile_offset<D>(lane), d_by_chunks = smem0 + tc::lane_tile_offset_b<D>(lane);
+  const uint32_t bc_by_rows = smem0 + tc::lane_tile_offset<kBc>(lane), bc_by_chunks = smem0 + tc::lane_tile_offset_b<kBc>(lane);
   constexpr uint32_t kKBytes = 0, kVBytes = kBc * D * sizeof(T), kQBytes = 2 * kBc * D * sizeof(T);
   constexpr uint32_t kOBytes = kQBytes + 2 * kBr * D * sizeof(T), kPBytes = kOBytes + 2 * kBr * D * sizeof(T);
   constexpr uint32_t kDsBytes = kPBytes + kBr * kBc * sizeof(T);
@@ -167,11 +167,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[kSM][4];
 #pragma unroll
-        for (int mt = 0; mt < kSM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<D>(d_by_rows, s_row0 + 16 * mt, 2 * kk) + a_bytes);
+        for (int mt = 0; mt < kSM; ++mt) tc::ldmatrix_x4(a[mt], tc::ldsm_addr<D>(d_by_rows, s_row0 + 16 * mt, 2 * kk) + a_bytes);
 #pragma unroll
         for (int np = 0; np < kSN / 2; ++np) {
           uint32_t bf[4];
-          tc::ldmatrix_x4(bf, ldsm_addr<D>(d_by_chunks, s_key0 + 16 * np, 2 * kk) + b_bytes);
+          tc::ldmatrix_x4(bf, tc::ldsm_addr<D>(d_by_chunks, s_key0 + 16 * np, 2 * kk) + b_bytes);
 #pragma unroll
           for (int mt = 0; mt < kSM; ++mt) {
             tc::mma_16816<T>(acc[mt][2 * np], a[mt], bf[0], bf[1]);
@@ -252,14 +252,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
       uint32_t ap[kKvM][4], ads[kKvM][4];
 #pragma unroll
       for (int mt = 0; mt < kKvM; ++mt) {
-        tc::ldmatrix_x4_trans(ap[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kPBytes);
-        tc::ldmatrix_x4_trans(ads[mt], ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kDsBytes);
+        tc::ldmatrix_x4_trans(ap[mt], tc::ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kPBytes);
+        tc::ldmatrix_x4_trans(ads[mt], tc::ldsm_addr<kBc>(bc_by_chunks, 16 * kk, (kv_key0 + 16 * mt) / 8) + kDsBytes);
       }
 #pragma unroll
       for (int np = 0; np < kKvN / 2; ++np) {
         uint32_t bo[4], bq[4];
-        tc::ldmatrix_x4_trans(bo, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + o_bytes);
-        tc::ldmatrix_x4_trans(bq, ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + q_bytes);
+        tc::ldmatrix_x4_trans(bo, tc::ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + o_bytes);
+        tc::ldmatrix_x4_trans(bq, tc::ldsm_addr<D>(d_by_rows, 16 * kk, kv_col0 / 8 + 2 * np) + q_bytes);
 #pragma unroll
         for (int mt = 0; mt < kKvM; ++mt) {
           tc::mma_16816<T>(dv[mt][2 * np], ap[mt], bo[0], bo[1]);
@@ -285,11 +285,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t a[kQM][4];
 #pragma unroll
-        for (int mt = 0; mt < kQM; ++mt) tc::ldmatrix_x4(a[mt], ldsm_addr<kBc>(bc_by_rows, q_row0 + 16 * mt, 2 * kk) + kDsBytes);
+        for (int mt = 0; mt < kQM; ++mt) tc::ldmatrix_x4(a[mt], tc::ldsm_addr<kBc>(bc_by_rows, q_row0 + 16 * mt, 2 * kk) + kDsBytes);
 #pragma unroll
         for (int np = 0; np < kQN / 2; ++np) {
           uint32_t bk[4];
-          tc::ldmatrix_x4_trans(bk, ldsm_addr<D>(d_by_rows, 16 * kk, q_col0 / 8 + 2 * np) + kKBytes);
+          tc::ldmatrix_x4_trans(bk, tc::ldsm_addr<D>(d_by_rows, 16 * kk, q_col0 / 8 + 2 * np) + kKBytes);
 #pragma unroll
           for (int mt = 0; mt < kQM; ++mt) {
             tc::mma_16816<T>(acc[mt][2 * np], a[mt], bk[0], bk[1]);

@@ -36,42 +36,18 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
   }
 }
 
-// Every ldmatrix.x4 here has lane l give the address of row R + row(l), chunk C + chunk(l) of a
-// swizzled tile of kWidth elements per row, in one of two lane patterns:
-//   by rows    (l % 16, l / 16): matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C), (R.., C+1),
-//              (R+8.., C+1): the A operand of a tile whose rows are its rows (K_w, V_w), and the
-//              B operand of a tile whose rows run along k, read .trans (dO_i, Q_i for dV, dK; K_j);
-//   by chunks  (l % 8 + 8 (l / 16), (l / 8) % 2): matrices 0-3 are (R.., C), (R.., C+1), (R+8.., C),
-//              (R+8.., C+1): b0, b1 of two n8 tiles whose k runs along the chunks (Q_i, dO_i for
-//              S^T, dP^T), and the A operand of a tile stored transposed, read .trans (dS^T for dQ).
-// Either way every operand lands in the registers the mma takes as they stand (no moves). R is a
-// multiple of 16 and C even, constants once the loops are unrolled; with lane_base = the tile's
-// address of the lane's own (row(l), chunk(l)) element and G = the swizzle group (8 or 4 chunks),
-// the address is
-//   (lane_base ^ (C % G) * 16) + (C / G) * G * 16 + R * kWidth * 2
-// (rows are a multiple of G * 16 bytes, tiles 128-byte aligned): one register per tile and pattern,
-// not one per unrolled ldmatrix.
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset(int row, int chunk) {
-  return static_cast<uint32_t>((row * kWidth + tc::swizzle<kWidth / 8>(row, chunk) * 8) * 2);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset_by_rows(int lane) {
-  return lane_offset<kWidth>(lane & 15, lane >> 4);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t lane_offset_by_chunks(int lane) {
-  return lane_offset<kWidth>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
-}
-
-template <int kWidth>
-__device__ __forceinline__ uint32_t ldsm_addr(uint32_t lane_base, int R, int C) {
-  constexpr int kGroup = (kWidth / 8) % 8 == 0 ? 8 : 4;
-  return (lane_base ^ static_cast<uint32_t>((C % kGroup) * 16)) +
-         static_cast<uint32_t>((C / kGroup) * kGroup * 16 + R * kWidth * 2);
-}
+// Every ldmatrix.x4 here takes its lane addresses from tc_mma.cuh, in one of its two lane patterns,
+// into a swizzled tile of W elements per row, with tc::ldsm_addr<W> for the row R and chunk C:
+//   tc::lane_tile_offset<W>    (l % 16, l / 16): matrices 0-3 are (rows R..R+7, chunk C), (R+8.., C),
+//              (R.., C+1), (R+8.., C+1): the A operand of a tile whose rows are its rows (K_w, V_w),
+//              and the B operand of a tile whose rows run along k, read .trans (dO_i, Q_i for dV,
+//              dK; K_j);
+//   tc::lane_tile_offset_b<W>  (l % 8 + 8 (l / 16), (l / 8) % 2): matrices 0-3 are (R.., C),
+//              (R.., C+1), (R+8.., C), (R+8.., C+1): b0, b1 of two n8 tiles whose k runs along the
+//              chunks (Q_i, dO_i for S^T, dP^T), and the A operand of a tile stored transposed, read
+//              .trans (dS^T for dQ).
+// Either way every operand lands in the registers the mma takes as they stand (no moves), and one
+// register per tile and pattern holds the lane's address.
 
 // One thread block of Cfg::kThreads threads per key block of Cfg::kBc keys of every (batch, head),
 // with Cfg::kSmemBytes of dynamic shared memory (opted in once per device; a GPU that cannot give a
