@@ -184,13 +184,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kScores], int row0, int n
   }
 }
 
-// How many key blocks, from block 0, hide no score of any row of the tile whose first row is m0:
-// every key valid and, with causal, at or left of row m0. The loops run them through a copy of
-// their step without mask_scores, whose tests the compiler would otherwise issue, predicated, in
-// every block. The tile's bound, not the warpgroup's: every consumer runs the same loops.
+// The first step j >= 1 of b's key loop (block b.j0 + j; step 0 is the loop's prologue) that may
+// hide a score of some row of the tile. Steps 1 .. j - 1 hide none (every key valid and, with
+// causal, at or left of the tile's first row b.m0): the loops run them through a copy of their step
+// without mask_scores, whose tests the compiler would otherwise issue, predicated, in every block.
+// The tile's bound, not the warpgroup's: every consumer runs the same loops.
 template <int kBN>
-__device__ __forceinline__ int unmasked_blocks(const Visibility& vis, int m0) {
-  return (vis.causal ? min(vis.kv_len, m0 + 1) : vis.kv_len) / kBN;
+__device__ __forceinline__ int first_masked_step(const Block& b) {
+  const int unmasked_blocks = (b.vis.causal ? min(b.vis.kv_len, b.m0 + 1) : b.vis.kv_len) / kBN;
+  return max(1, min(unmasked_blocks - b.j0, b.n_blocks));
 }
 
 // Online softmax in FP32 on this thread's two rows (h = 0: row g, h = 1: row g + 8), in log2 units

@@ -242,7 +242,7 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         rescale_o<D>(o, alpha);
         pack_p<T>(sc, pa);
       };
-      const int j_hi = max(1, min(unmasked_blocks<kBN>(b.vis, b.m0) - b.j0, b.n_blocks));
+      const int j_hi = first_masked_step<kBN>(b);
       for (int j = 1; j < j_hi; ++j) key_step(j, std::false_type{});
       for (int j = j_hi; j < b.n_blocks; ++j) key_step(j, std::true_type{});
 

@@ -141,8 +141,8 @@ __device__ __forceinline__ void pingpong_tile(const Params& p, const Block& b, E
     rescale_o<D>(o, alpha);
     pack_p<T>(sc, pa);
   };
-  // Blocks 1 .. j_hi - 1 hide no score (unmasked_blocks): the unmasked copy; the rest the masked one.
-  const int j_hi = max(1, min(unmasked_blocks<kBN>(b.vis, b.m0) - b.j0, b.n_blocks));
+  // Steps before first_masked_step hide no score: the unmasked copy; the rest the masked one.
+  const int j_hi = first_masked_step<kBN>(b);
   for (int j = 1; j < j_hi; ++j) key_step(j, std::false_type{});
   for (int j = j_hi; j < b.n_blocks; ++j) key_step(j, std::true_type{});
 
