@@ -7,6 +7,7 @@
 //   - Q: released (empty_q) as soon as the item's last S = Q K^T has landed, so the next item's Q
 //     loads during the tail's P V and the epilogue; the output is staged in its own tile (sO);
 //   - the turn: it passes on across items; warpgroup 0 takes the last one after the last item.
+//     With kTurns false the consumer warpgroups run free, as in v3: no turn is waited for or passed.
 // Padded V rows: the producer zeroes them as in v4, and announces every V stage it fills on
 // zeroed_v[s] as well (at once when nothing needs zeroing), so that a consumer waiting for a
 // zeroed block sees the phase of that use of the stage, never one an item later.
@@ -85,7 +86,7 @@ struct TileRounds {
   }
 };
 
-template <typename T, int D, class Tl, class Schedule, class Finish>
+template <typename T, int D, class Tl, bool kTurns, class Schedule, class Finish>
 __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule& sched, Finish&& finish) {
   using L = PersistentSmem<D, Tl>;
   using LB = typename L::Base;
@@ -160,8 +161,12 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
   const int warp_row = (tid % kWarpgroup) / 32 * 16 + (tid % 32) / 4;
   const uint32_t q_base = smem_addr(sQ) + wg * 64 * kPanelBytes;
   volatile float* scratch = reinterpret_cast<volatile float*>(smem + LB::kScratch);  // 2 floats per consumer thread
-  auto wait_turn = [&] { named_barrier_sync(kTurnBarrier + wg, 2 * kWarpgroup); };
-  auto pass_turn = [&] { named_barrier_arrive(kTurnBarrier + (wg + 1) % kConsumers, 2 * kWarpgroup); };
+  auto wait_turn = [&] {
+    if constexpr (kTurns) named_barrier_sync(kTurnBarrier + wg, 2 * kWarpgroup);
+  };
+  auto pass_turn = [&] {
+    if constexpr (kTurns) named_barrier_arrive(kTurnBarrier + (wg + 1) % kConsumers, 2 * kWarpgroup);
+  };
   const bool last_wg = wg == kConsumers - 1;
   bool started = false;  // the turn has been handed to warpgroup 0 once
   int g = 0, n = 0;      // the producer's counters
