@@ -1,16 +1,16 @@
 // The persistent loop that v6 and v8 share: one CTA per SM works through a list of items, each the
-// query rows of one tile and a range of its key blocks, and three things carry over from one item
+// query rows of one tile and a range of its key blocks, and two things carry over from one item
 // to the next instead of starting again (hopper_v6_persistent.cu tells why):
 //   - the K/V ring: the producer's block counter g runs on across items (stage g % kStages, phase
 //     g / kStages), so it loads the next item's first blocks while the consumers still work on the
 //     last ones of this item, and during their epilogue;
 //   - Q: released (empty_q) as soon as the item's last S = Q K^T has landed, so the next item's Q
 //     loads during the tail's P V and the epilogue; the output is staged in its own tile (sO);
-//   - the turn: it passes on across items; warpgroup 0 takes the last one after the last item.
-//     With kTurns false the consumer warpgroups run free, as in v3: no turn is waited for or passed.
 // Padded V rows: the producer zeroes them as in v4, and announces every V stage it fills on
 // zeroed_v[s] as well (at once when nothing needs zeroing), so that a consumer waiting for a
 // zeroed block sees the phase of that use of the stage, never one an item later.
+// The consumer warpgroups run free, as in v3: v4's turns, measured in this loop, cost time at D = 128
+// and gained nothing at D = 64 (README: "The persistent loop without turns").
 //
 // What differs between the versions is the list (a Schedule) and the epilogue (finish):
 //   sched.items(p)          how many slots the CTA's list has;
@@ -86,7 +86,7 @@ struct TileRounds {
   }
 };
 
-template <typename T, int D, class Tl, bool kTurns, class Schedule, class Finish>
+template <typename T, int D, class Tl, class Schedule, class Finish>
 __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule& sched, Finish&& finish) {
   using L = PersistentSmem<D, Tl>;
   using LB = typename L::Base;
@@ -154,22 +154,14 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
     return;
   }
 
-  // Consumers: take the registers, then v4's loop on each item, the counters running on.
+  // Consumers: take the registers, then v4's loop without the turns on each item, the counters running on.
   setmaxnreg_inc<consumer_regs(kConsumers)>();
   const int wg = warpgroup - 1;
   const int tid = static_cast<int>(threadIdx.x) - kWarpgroup;  // 0 .. 64 kConsumers - 1 over the consumers
   const int warp_row = (tid % kWarpgroup) / 32 * 16 + (tid % 32) / 4;
   const uint32_t q_base = smem_addr(sQ) + wg * 64 * kPanelBytes;
   volatile float* scratch = reinterpret_cast<volatile float*>(smem + LB::kScratch);  // 2 floats per consumer thread
-  auto wait_turn = [&] {
-    if constexpr (kTurns) named_barrier_sync(kTurnBarrier + wg, 2 * kWarpgroup);
-  };
-  auto pass_turn = [&] {
-    if constexpr (kTurns) named_barrier_arrive(kTurnBarrier + (wg + 1) % kConsumers, 2 * kWarpgroup);
-  };
-  const bool last_wg = wg == kConsumers - 1;
-  bool started = false;  // the turn has been handed to warpgroup 0 once
-  int g = 0, n = 0;      // the producer's counters
+  int g = 0, n = 0;  // the producer's counters
 
   for (int w = 0; w < items; ++w) {
     Work work;
@@ -197,17 +189,13 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
     float alpha[2];
     if (b.n_blocks > 0) {
       // Block 0: S_0 = Q K_0^T and its softmax.
-      if (!started && last_wg) pass_turn();  // warpgroup 0 goes first
-      started = true;
       const int first = b.j0 * kBN;  // the item's first key
       mbarrier_wait(pipe.full_q, n & 1);
       mbarrier_wait(&pipe.full_k[g % kStages], (g / kStages) & 1);
-      wait_turn();
       fence_operand(sc);
       wgmma_fence();
       qk_issue<T, D, Tl>(sc, q_base, smem_addr(stage_k(g)));
       wgmma_commit();
-      pass_turn();
       wgmma_wait<0>();
       fence_operand(sc);
       release(&pipe.empty_k[g % kStages]);
@@ -224,7 +212,6 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         const int n0 = (b.j0 + j) * kBN;
         mbarrier_wait(&pipe.full_k[s], (gj / kStages) & 1);
         wait_v(gj - 1, j - 1);
-        wait_turn();
         fence_operand(sc);
         fence_operand(o);
         wgmma_fence();
@@ -232,7 +219,6 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         wgmma_commit();
         pv_issue<T, D>(o, pa, smem_addr(stage_v(gj - 1)));
         wgmma_commit();
-        pass_turn();
         wgmma_wait<1>();
         fence_operand(sc);
         release(&pipe.empty_k[s]);
@@ -253,15 +239,13 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
 
       // Every S = Q K^T of the item landed: Q's tile may take the next item's Q.
       release(empty_q);
-      // Tail: O += P V of the last block; the turn passes on to the next item.
+      // Tail: O += P V of the last block.
       const int j = b.n_blocks - 1;
       wait_v(g + j, j);
-      wait_turn();
       fence_operand(o);
       wgmma_fence();
       pv_issue<T, D>(o, pa, smem_addr(stage_v(g + j)));
       wgmma_commit();
-      pass_turn();
       wgmma_wait<0>();
       fence_operand(o);
       release(&pipe.empty_v[(g + j) % kStages]);
@@ -273,8 +257,6 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
     named_barrier_sync(kEpilogueBarrier + wg, kWarpgroup);
     finish(o, m, l, sO, wg, work);
   }
-  // The last warpgroup's last hand-over is warpgroup 0's: take it, so that no barrier is left half full.
-  if (started && wg == 0) wait_turn();
 }
 
 }  // namespace hopper

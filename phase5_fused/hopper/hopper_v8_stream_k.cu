@@ -97,7 +97,7 @@ struct StreamKTail {
 template <typename T, int D>
 __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
     hopper_v8_kernel(const __grid_constant__ Params p) {
-  persistent_loop<T, D, Tile<D>, true>(p, StreamKTail<D>{}, [&](float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
+  persistent_loop<T, D, Tile<D>>(p, StreamKTail<D>{}, [&](float (&o)[D / 2], const float (&m)[2], const float (&l)[2],
                                                           unsigned char* sO, int wg, const Work& work) {
     if (work.slot < 0) {
       store_output<T, D, Tile<D>>(o, m, l, sO, wg, p, work.b, kEpilogueBarrier + wg);

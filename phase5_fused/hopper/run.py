@@ -41,7 +41,7 @@ ADDS = {"v1_wgmma_tma": "TMA loads into an mbarrier ring, wgmma for both matmuls
         "v3_intra_overlap": "S_j and P_j-1 V_j-1 in flight together, the softmax of S_j overlaps the P V",
         "v4_pingpong": "the two consumer warpgroups take turns on the tensor cores",
         "v5_tiles": "three consumer warpgroups (192 query rows) at D=64",
-        "v6_persistent": "persistent CTAs (causal tiles longest first), the K/V ring and Q carried across tiles",
+        "v6_persistent": "persistent CTAs (causal tiles longest first), the K/V ring and Q carried across tiles, no turns",
         "v7_split_tail": "non-causal: the last partial wave's tiles cut along the keys, merged by logsumexp",
         "v8_stream_k": "non-causal, D=128: v6's last round cut into even shares of key blocks per CTA"}
 PROFILE_D = HEAD_DIMS
