@@ -6,7 +6,7 @@
   and its generate() (prefill, then decode steps through phase5_fused.decode);
 - final.kv_cache, final.generation: the KV cache (contiguous or paged) and the generation loop;
 - final.hf_backend: the course's attention as a Hugging Face Transformers attention backend;
-- final.benchmark, final.train, final.hf_benchmark, final.generate_benchmark, final.api_overhead
+- final.benchmark, final.train, final.hf_benchmark, final.generate_benchmark, final.api_overhead, final.api_speed
   (`python -m final.<name>`): the end-to-end, training, Transformers, generation and per-call
   benchmarks -> final/results/.
 

@@ -383,9 +383,10 @@ def main(argv=None) -> int:
     from utils.build import shown
     print(f"wrote {shown(path)} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
     if args.out.resolve() == METRICS_PATH:
-        from final import api_overhead
+        from final import api_overhead, api_speed
 
         api_overhead.run()  # the attention API's per-call cost (seconds), a table of the same README
+        api_speed.run()  # the attention API at the phases' headline shape (seconds), likewise
         render(HERE)
     return 0
 

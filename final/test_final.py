@@ -521,6 +521,55 @@ def test_api_overhead_pipeline_on_cpu(monkeypatch, tmp_path):
     assert len(json.loads((tmp_path / "results" / "api_overhead.json").read_text())["rows"]) == len(rows) + 1
 
 
+@pytest.mark.usefixtures("sm80")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_api_speed_pipeline_on_cpu(monkeypatch, tmp_path):
+    """final.api_speed's rows, notes and tables, on CPU at a small shape: every course mode refuses
+    CPU tensors and is noted by name with its dtype and shape, the SDPA backends that run on CPU are
+    timed and checked against the reference, and the declared tables render a course row against them."""
+    import json
+    import shutil
+
+    import utils.bench
+    from final import api_speed as sp
+    from utils.manifest import load_manifest
+    from utils.render import render_tables
+    from utils.results import write_results
+
+    for name, value in (("DEVICE", CPU), ("B", 1), ("H", 2), ("S", 33)):
+        monkeypatch.setattr(sp, name, value)
+    timed = []
+    def fake_turns(fns, **kwargs):  # CUDA events need a GPU: each path "takes" 1, 2, ... ms
+        timed.append(list(fns))
+        return {label: float(i + 1) for i, label in enumerate(fns)}
+    monkeypatch.setattr(utils.bench, "time_in_turns", fake_turns)
+    notes: list[str] = []
+    rows = sp.measure(notes)
+    assert len(timed) == len(sp.MODES) * len(sp.HEAD_DIMS) * 2
+    for dtype, modes in sp.MODES.items():
+        for mode in modes:
+            for D in sp.HEAD_DIMS:
+                for causal in (False, True):
+                    assert any(n.startswith(f"cuda_attention_forward mode={mode} {dtype} D={D} causal={causal}: ")
+                               for n in notes), (mode, dtype, D, causal)
+    assert rows and all(r["impl"] in sp.PEERS[r["dtype"]] for r in rows), rows
+    assert all(r["rel_err"] < 1e-2 and r["tflops"] > 0 for r in rows), rows
+    flash = next(r for r in rows if r["impl"] == "sdpa_flash" and r["D"] == 128 and not r["causal"])
+    fake = {**flash, "impl": "cuda_attention_forward", "mode": "fused_tc", "ms": flash["ms"] / 2}
+    for name in ("manifest.json", "README.md"):
+        shutil.copy(sp.HERE / name, tmp_path / name)
+    write_results(tmp_path / "results" / "api_speed.json", [*rows, fake])
+    manifest = load_manifest(tmp_path)
+    render_tables({**manifest, "tables": [t for t in manifest["tables"] if t["name"].startswith("api_speed")]})
+    text = (tmp_path / "README.md").read_text()
+    table = text.split("<!-- table:api_speed -->")[1].split("<!--")[0]
+    assert "| **cuda_attention_forward** | fused_tc | float16 | 128 | no |" in table and "2.00x" in table, table
+    targets = text.split("<!-- table:api_speed_targets -->")[1].split("<!--")[0]
+    assert "D=128, non-causal | 2.00x | ≥ 1.00x | yes |" in targets, targets
+    assert "| – | ≥ 1.00x | – |" in targets, targets  # the other shapes: no course row here
+    assert len(json.loads((tmp_path / "results" / "api_speed.json").read_text())["rows"]) == len(rows) + 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_benchmark_without_gpu_says_so_and_exits_0(capsys, tmp_path):
     from final import benchmark as bm
