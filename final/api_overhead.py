@@ -190,19 +190,25 @@ def run(out: Path = RESULTS_PATH) -> Path:
     return path
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="results file (default: %(default)s)")
+def results_main(argv, name: str, doc: str, run_to, results_path: Path) -> int:
+    """The command line of final's measurement scripts: --out (default results_path), nothing measured
+    without a GPU; run_to(out), then final/README.md's tables redrawn when out is the committed file."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=results_path, help="results file (default: %(default)s)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("final.api_overhead: no CUDA GPU visible, nothing measured")
+        print(f"{name}: no CUDA GPU visible, nothing measured")
         return 0
-    run(args.out)
-    if args.out.resolve() == RESULTS_PATH:
+    run_to(args.out)
+    if args.out.resolve() == results_path:
         from utils.render import render
 
         render(HERE)
     return 0
+
+
+def main(argv=None) -> int:
+    return results_main(argv, "final.api_overhead", __doc__, run, RESULTS_PATH)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ measures nothing and says so.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -104,19 +103,9 @@ def run(out: Path = RESULTS_PATH) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="results file (default: %(default)s)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("final.api_speed: no CUDA GPU visible, nothing measured")
-        return 0
-    run(args.out)
-    if args.out.resolve() == RESULTS_PATH:
-        from utils.render import render
+    from final.api_overhead import results_main
 
-        render(HERE)
-    return 0
-
+    return results_main(argv, "final.api_speed", __doc__, run, RESULTS_PATH)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -66,7 +66,7 @@ VERSION_ROWS = {"v1_mma": ("phase5_fused_tc_v1", "mma.sync; fragments by plain l
                 "v4_cp_async": ("phase5_fused_tc_v4", "cp.async ring of K/V blocks"),
                 "v5_exp2": ("phase5_fused_tc_v5", "log2 units: one FFMA and one ex2 per score"),
                 "v6_lazy": ("phase5_fused_tc_v6", "lazy rescaling of O and l"),
-                "fast": (IMPL, "measured tiles; Q held in registers at D=64")}
+                "fast": (IMPL, "measured tiles; Q held in registers at D=64; key blocks without mask code")}
 
 
 def tc_fn(q, k, v, causal):
