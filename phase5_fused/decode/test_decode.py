@@ -8,6 +8,8 @@ the validation of shapes, dtypes and values is also tested on the CPU.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +83,22 @@ def check(q, k, v, lengths, table, info, scale=None, num_splits=None, kernel=Non
 
 # ------------------------------------------------------------------------------------------------
 # Correctness
+
+
+def test_python_facts_name_what_the_kernels_compile():
+    """MAX_SPLITS, CUDA_CORE_STAGES, TENSOR_CORE_STAGES, TILE_BYTES and PAGE_SIZES, which the Python
+    side plans with (splits, stages, shared memory, page sizes), are the numbers decode.h and
+    decode_stream.cuh compile and check: read from the sources, so that CI (no GPU) sees a drift."""
+    folder = Path(decode.__file__).parent
+    header = (folder / "decode.h").read_text()
+    assert int(re.search(r"constexpr int kMaxSplits = (\d+);", header).group(1)) == decode.MAX_SPLITS
+    assert int(re.search(r"constexpr int kCudaCoreStages = (\d+);", header).group(1)) == decode.CUDA_CORE_STAGES
+    stages = re.search(r"bool tensor_core_stages\(int64_t s\) \{ return ([^;]*);", header).group(1)
+    assert tuple(int(x) for x in re.findall(r"s == (\d+)", stages)) == decode.TENSOR_CORE_STAGES
+    pages = re.search(r"bool supported_page_size\(int64_t n\) \{ return ([^;]*);", header).group(1)
+    assert tuple(int(x) for x in re.findall(r"n == (\d+)", pages)) == decode.PAGE_SIZES
+    stream = (folder / "decode_stream.cuh").read_text()
+    assert int(re.search(r"kBc = (\d+) / \(D \* sizeof\(T\)\);", stream).group(1)) == decode.TILE_BYTES
 
 
 @requires_gpu
