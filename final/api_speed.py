@@ -78,12 +78,12 @@ def measure(notes: list[str]) -> list[dict]:
                 times = time_in_turns({label: fn for label, (_, _, fn) in ready.items()}, reps=REPS)
                 flops = attention_flops(B, H, S, S, D, causal=causal)
                 for label, (impl, mode, _) in ready.items():
-                    ms = times[label]
-                    rows.append({"impl": impl, "mode": mode, "op": "attention", "B": B, "H": H, "Sq": S, "Sk": S,
-                                 "D": D, "dtype": dtype_name, "causal": causal, "ms": ms,
-                                 "tflops": flops / ms / 1e9, "rel_err": errors[label]})
-                    print(f"  {dtype_name} D={D} causal={int(causal)} {label:40s} {ms:8.3f} ms "
-                          f"{flops / ms / 1e9:6.1f} TFLOP/s  rel err {errors[label]:.1e}", flush=True)
+                    row = {"impl": impl, "mode": mode, "op": "attention", "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
+                           "dtype": dtype_name, "causal": causal, "ms": times[label],
+                           "tflops": flops / times[label] / 1e9, "rel_err": errors[label]}
+                    rows.append(row)
+                    print(f"  {dtype_name} D={D} causal={int(causal)} {label:40s} {row['ms']:8.3f} ms "
+                          f"{row['tflops']:6.1f} TFLOP/s  rel err {row['rel_err']:.1e}", flush=True)
                 del q, k, v, ref
     return rows
 
@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     from final.api_overhead import results_main
 
     return results_main(argv, "final.api_speed", __doc__, run, RESULTS_PATH)
+
 
 if __name__ == "__main__":
     sys.exit(main())
