@@ -67,7 +67,8 @@ def sample_us(fn) -> tuple[float, float]:
 
 def op_call(mode: str, q, k, v):
     """The phase's registered op, arguments prepared once: what the phase API ends with (its own
-    defaults: scale 1/sqrt(D), no mask, not causal, phase 3's default tile, the fast FP32 kernel)."""
+    defaults: scale 1/sqrt(D), no mask, not causal, phase 3's default tile; for FP32 the version the
+    fused mode runs)."""
     import phase2_naive
     import phase3_tiled
     import phase4_coalesced
@@ -82,8 +83,10 @@ def op_call(mode: str, q, k, v):
         op = tensor_cores.load().attention
         return lambda: op(q, k, v, None, False, scale, None)
     if mode == "fused":
-        op = fp32.load().attention_fast_inference
-        return lambda: op(q, k, v, None, False, scale, 1, None, False, 0)[0]
+        kernel = fp32.fastest_kernel(q, k)
+        op = getattr(fp32.load(), f"attention_{kernel}_inference")
+        variant = (0,) if kernel == "fast" else ()  # the fast kernel's default tile
+        return lambda: op(q, k, v, None, False, scale, 1, None, False, *variant)[0]
     phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
     extra = (phase3_tiled.DEFAULT_TILE,) if mode == "tiled" else ()
     op = phase.load().attention
@@ -97,8 +100,11 @@ def phase_api_call(mode: str, q, k, v):
     import phase4_coalesced
     from phase5_fused import fp32, hopper, tensor_cores
 
+    if mode == "fused":
+        kernel = fp32.fastest_kernel(q, k)
+        return lambda: fp32.attention(q, k, v, kernel=kernel)
     fn = {"naive": phase2_naive.attention, "tiled": phase3_tiled.attention, "coalesced": phase4_coalesced.attention,
-          "fused": fp32.attention, "fused_tc": tensor_cores.attention, "fused_hopper": hopper.attention}[mode]
+          "fused_tc": tensor_cores.attention, "fused_hopper": hopper.attention}[mode]
     return lambda: fn(q, k, v)
 
 

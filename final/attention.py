@@ -26,15 +26,16 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
 backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
 (H_kv != H) or a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64, 96, 128; its
 forward takes every multiple of 8 from 8 to 256): such inputs that require grad are refused.
-fused_hopper runs on a Hopper GPU (compute capability 9.0) only.
+fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
+lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
+for float32) wherever it takes the inputs (D in fp32.VERSION_D, one K/V head per query head, no
+window, no stride), and the fast FFMA kernel for the rest (fp32.fastest_kernel).
 
 mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
 is picked on an H100 for unmasked FP16/BF16 at D=64 or 128, grouped-query heads included (in
-training only with one K/V head per query head), fused_tc for the rest, masks and windows included). At D=128,
-non-causal, phase 4's unfused path measured slightly faster than fused; auto still prefers fused,
-which needs no Sq x Sk buffer and is faster causal. auto never picks "reference": a float64 reference running in place of a
+training only with one K/V head per query head), fused_tc for the rest, masks and windows included). auto never picks "reference": a float64 reference running in place of a
 kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
 float32 at D=260, stride with float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
@@ -127,7 +128,7 @@ MODE_INFO = {
     "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
-    "fused": ModeInfo("phase5_fused.fp32 (fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
+    "fused": ModeInfo("phase5_fused.fp32 (tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
@@ -283,7 +284,10 @@ def _reference(q, k, v, mask, is_causal, scale, stride, window):
 
 
 def _fused(q, k, v, mask, is_causal, scale, stride, window):
-    return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride, window=window)
+    """Phase 5's FP32 version 6 (3xTF32 tensor cores) where it takes the inputs, else its fast FFMA
+    kernel (fp32.fastest_kernel)."""
+    return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride, window=window,
+                          kernel=fp32.fastest_kernel(q, k, stride, window))
 
 
 def _unfused(phase):
@@ -309,6 +313,12 @@ _RUN = {"reference": _reference, "naive": _unfused(phase2_naive), "tiled": _unfu
         "fused_hopper": _fused_hopper}
 
 
+def _fused_op_first(q, k, v, mask, is_causal, scale, stride, window):
+    """fp32.run_op_first with the version _fused runs."""
+    return fp32.run_op_first(q, k, v, mask, is_causal, scale, stride, window,
+                             kernel=fp32.fastest_kernel(q, k, stride, window))
+
+
 def _fused_tc_op_first(q, k, v, mask, is_causal, scale, stride, window):
     """tensor_cores.run_op_first where the mode takes the arguments: fused_tc has no stride."""
     return None if stride is not None else tensor_cores.run_op_first(q, k, v, mask, is_causal, scale, window)
@@ -317,7 +327,7 @@ def _fused_tc_op_first(q, k, v, mask, is_causal, scale, stride, window):
 # Modes whose phase op, tried first on a call that records no gradient, takes exactly the inputs the
 # mode's rules (MODE_INFO) take: the op checks device, dtype, D, shapes, mask and window itself.
 # cuda_attention_forward calls it before resolving the mode, and resolves only where it did not run.
-_OP_FIRST = {"fused": fp32.run_op_first, "fused_tc": _fused_tc_op_first}
+_OP_FIRST = {"fused": _fused_op_first, "fused_tc": _fused_tc_op_first}
 
 
 def _auto_by_dtype() -> dict:

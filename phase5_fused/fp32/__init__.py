@@ -20,6 +20,8 @@ attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_leng
     are never loaded. Both combine with masks, stride and key_lengths. The other versions take
     neither (ValueError).
     Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
+fastest_kernel(q, k, stride=None, window=None)
+    The version final.attention's `fused` mode runs: "tf32x3" wherever it takes the inputs, else "fast".
     Differentiable in q, k, v (not in the mask): the backward is phase5_fused.backward's FP32
     kernel (FlashAttention-2, Algorithm 2); when an input requires grad the forward also writes lse,
     the one statistic the backward needs. The backward has no grouped heads and no window: inputs
@@ -56,6 +58,9 @@ FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x
 PADDED_TILES = {32: "64x64", 64: "64x64", 96: "64x32", 128: "64x32", 160: "32x32", 192: "32x32", 224: "32x32",
                 256: "32x16"}
 FAST_VARIANTS = {D: len(FAST_TILES.get(D, ("padded",))) for D in SUPPORTED_D}
+# The versions with a second op without an autograd formula (attention_<kernel>_inference): the two
+# that final.attention's `fused` mode runs (fastest_kernel).
+INFERENCE_KERNELS = ("fast", "tf32x3")
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_v2_register_tiles.cu", "fused_v3_cp_async.cu",
            "fused_v4_exp2.cu", "fused_fast.cu", "fused_v6_tf32x3.cu"]
 
@@ -68,7 +73,7 @@ def _register_fakes() -> None:
         lse = q.new_empty((B, H, Sq) if return_lse else (0,))
         return torch.empty_like(q), lse
 
-    for name in (*KERNELS, "fast_inference"):
+    for name in (*KERNELS, *(f"{kernel}_inference" for kernel in INFERENCE_KERNELS)):
         torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
     # Autograd: the next lesson's backward kernels (built on the first backward call). That lesson
     # imports nothing of this one, so this lazy import closes no circle.
@@ -85,20 +90,42 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+def fastest_kernel(q, k, stride=None, window=None) -> str:
+    """The version final.attention's `fused` mode runs for these inputs: "tf32x3" (version 6, FP32
+    products on tensor cores in 3xTF32, as accurate as FFMA: README "Version 6") wherever it takes
+    them, else "fast". Version 6 takes D in VERSION_D, one K/V head per query head and no window; a
+    stride goes to the fast kernel, which gathers the kept keys where version 6 masks the others."""
+    if window is not None or not (stride is None or (type(stride) is int and stride == 1)):
+        return "fast"  # (a stride of any other type is left to attention()'s checks)
+    try:
+        shape = q.shape
+        takes = dim_in(shape[-1], VERSION_D) and k.shape[1] == shape[1]
+    except (AttributeError, IndexError, TypeError):  # not tensors: attention()'s checks name the argument
+        return "fast"
+    return "tf32x3" if takes else "fast"
+
+
 def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, window=None, key_lengths=None,
-                 return_lse=False):
-    """The common call, tried before any Python check: the fast kernel's op without an autograd
-    formula, on the arguments as given (utils.checks: the op checks every tensor itself). Returns
-    attention()'s result, or None where it did not run (a gradient to record, arguments the op must
-    not see unchecked, tracing, or an error from the op): the checked path then names the argument
-    or copies what the op could not take as it was. final.attention calls it too."""
+                 return_lse=False, kernel="fast"):
+    """The common call, tried before any Python check: the op without an autograd formula of
+    `kernel` (one of INFERENCE_KERNELS), on the arguments as given (utils.checks: the op checks every
+    tensor itself). Returns attention()'s result, or None where it did not run (a gradient to record,
+    arguments the op must not see unchecked, tracing, or an error from the op): the checked path
+    then names the argument or copies what the op could not take as it was. final.attention calls
+    it too."""
     if not plain_arguments(is_causal, scale, window, stride) or torch.compiler.is_compiling():
         return None
     try:
         if q.is_cuda and not records_grad(q, k, v):
-            out, lse = load().attention_fast_inference(
-                q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse),
-                0, 0 if window is None else window)
+            ops, stride = load(), 1 if stride is None else stride
+            if kernel == "fast":
+                out, lse = ops.attention_fast_inference(q, k, v, mask, is_causal, scale, stride, key_lengths,
+                                                        bool(return_lse), 0, 0 if window is None else window)
+            elif window is None:  # version 6 takes no window
+                out, lse = ops.attention_tf32x3_inference(q, k, v, mask, is_causal, scale, stride, key_lengths,
+                                                          bool(return_lse))
+            else:
+                return None
             return (out, lse) if return_lse else out
     except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
         pass
@@ -124,8 +151,8 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
     configuration for this D (0 = default; run.py compares them). k, v may have H_kv heads and
     `window` (with is_causal) limits each query to its last `window` keys: fast kernel only."""
-    if kernel == "fast" and variant == 0:
-        result = run_op_first(q, k, v, mask, is_causal, scale, stride, window, key_lengths, return_lse)
+    if kernel in INFERENCE_KERNELS and variant == 0:
+        result = run_op_first(q, k, v, mask, is_causal, scale, stride, window, key_lengths, return_lse, kernel)
         if result is not None:
             return result
     if kernel not in KERNELS:
@@ -152,8 +179,9 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
                          "input requires grad; run under torch.no_grad()")
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
             1 if stride is None else stride, key_lengths, bool(return_lse) or needs_grad)
-    # Without a gradient to record, the fast kernel's op without an autograd formula: no Python on
-    # the way to the launch.
-    op = ops.attention_fast_inference if kernel == "fast" and not needs_grad else getattr(ops, f"attention_{kernel}")
+    # Without a gradient to record, the op without an autograd formula where the version has one: no
+    # Python on the way to the launch.
+    inference = kernel in INFERENCE_KERNELS and not needs_grad
+    op = getattr(ops, f"attention_{kernel}_inference" if inference else f"attention_{kernel}")
     out, lse = op(*args, variant, 0 if window is None else window) if kernel == "fast" else op(*args)
     return (out, lse) if return_lse else out

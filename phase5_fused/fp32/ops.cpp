@@ -6,7 +6,8 @@
 //   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
 //       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none),
 //       and every D that is a multiple of 8 up to 256 (the others take fused.h's kVersionD only)
-//   phase5_fused::attention_fast_inference(...)   the same op without an autograd formula
+//   phase5_fused::attention_fast_inference(...), attention_tf32x3_inference(...)   the fast kernel's and
+//       version 6's ops without an autograd formula
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -118,9 +119,12 @@ TORCH_LIBRARY(phase5_fused, m) {
         "Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)";
     m.def(schema.c_str());
   }
-  // The fast kernel twice: attention_fast is differentiable (its autograd formula, registered in
-  // Python, runs on every call), attention_fast_inference has none, so a call that records no
-  // gradient reaches the kernel without a trip through Python.
+  // The fast kernel and version 6 (final.attention's `fused` mode runs one of them) twice: attention_fast
+  // and attention_tf32x3 are differentiable (their autograd formula, registered in Python, runs on
+  // every call), the _inference ops have none, so a call that records no gradient reaches the kernel
+  // without a trip through Python.
+  m.def("attention_tf32x3_inference(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
+        "int stride, Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)");
   for (const char* name : {"attention_fast", "attention_fast_inference"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
@@ -135,6 +139,7 @@ TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
   m.impl("attention_v3", &attention_version<phase5::launch_v3>);
   m.impl("attention_v4", &attention_version<phase5::launch_v4>);
   m.impl("attention_tf32x3", &attention_version<phase5::launch_tf32x3>);
+  m.impl("attention_tf32x3_inference", &attention_version<phase5::launch_tf32x3>);
   m.impl("attention_fast", &attention_fast);
   m.impl("attention_fast_inference", &attention_fast);
 }

@@ -129,6 +129,20 @@ def test_head_dims_are_the_kernels():
     assert set(fp32.FAST_TILES) == set(fp32.VERSION_D) and set(fp32.FAST_VARIANTS) == set(fp32.SUPPORTED_D)
 
 
+@pytest.mark.parametrize("D", [8, 32, 64, 80, 96, 100, 128, 256])
+def test_fastest_kernel_is_version_6_where_it_takes_the_inputs(D):
+    """final.attention's fused mode: version 6 (3xTF32) at D in VERSION_D with one K/V head per query
+    head, no window and no stride thinning the keys; the fast kernel everywhere else."""
+    q, k = torch.empty(1, 4, 5, D), torch.empty(1, 4, 7, D)
+    takes = D in fp32.VERSION_D
+    assert fp32.fastest_kernel(q, k) == fp32.fastest_kernel(q, k, stride=1) == ("tf32x3" if takes else "fast")
+    assert fp32.fastest_kernel(q, k, stride=2) == "fast"
+    assert fp32.fastest_kernel(q, k, window=3) == "fast"
+    assert fp32.fastest_kernel(q, torch.empty(1, 2, 7, D)) == "fast"  # grouped heads
+    assert fp32.fastest_kernel("q", k) == "fast"  # not a tensor: attention()'s checks name it
+    assert set(fp32.INFERENCE_KERNELS) <= set(fp32.KERNELS)
+
+
 def test_import_builds_nothing():
     code = "import phase5_fused.fp32, torch; from utils.build import LOADED_OPS; assert not LOADED_OPS; print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
