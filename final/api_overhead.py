@@ -83,10 +83,8 @@ def op_call(mode: str, q, k, v):
         op = tensor_cores.load().attention
         return lambda: op(q, k, v, None, False, scale, None)
     if mode == "fused":
-        kernel = fp32.fastest_kernel(q, k)
-        op = getattr(fp32.load(), f"attention_{kernel}_inference")
-        variant = (0,) if kernel == "fast" else ()  # the fast kernel's default tile
-        return lambda: op(q, k, v, None, False, scale, 1, None, False, *variant)[0]
+        op = fp32.load().attention_fastest_inference
+        return lambda: op(q, k, v, None, False, scale, 1, None, False, 0)[0]
     phase = {"naive": phase2_naive, "tiled": phase3_tiled, "coalesced": phase4_coalesced}[mode]
     extra = (phase3_tiled.DEFAULT_TILE,) if mode == "tiled" else ()
     op = phase.load().attention
@@ -101,8 +99,7 @@ def phase_api_call(mode: str, q, k, v):
     from phase5_fused import fp32, hopper, tensor_cores
 
     if mode == "fused":
-        kernel = fp32.fastest_kernel(q, k)
-        return lambda: fp32.attention(q, k, v, kernel=kernel)
+        return lambda: fp32.attention(q, k, v, kernel="fastest")
     fn = {"naive": phase2_naive.attention, "tiled": phase3_tiled.attention, "coalesced": phase4_coalesced.attention,
           "fused_tc": tensor_cores.attention, "fused_hopper": hopper.attention}[mode]
     return lambda: fn(q, k, v)

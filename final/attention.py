@@ -29,7 +29,7 @@ forward takes every multiple of 8 from 8 to 256): such inputs that require grad 
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
 for float32) wherever it takes the inputs (D in fp32.VERSION_D, one K/V head per query head, no
-window, no stride), and the fast FFMA kernel for the rest (fp32.fastest_kernel).
+window, no stride), and the fast FFMA kernel for the rest (the op of fp32's kernel="fastest" decides).
 
 mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused, coalesced, tiled,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
@@ -128,7 +128,7 @@ MODE_INFO = {
     "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
-    "fused": ModeInfo("phase5_fused.fp32 (tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
+    "fused": ModeInfo("phase5_fused.fp32 (fastest: tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
@@ -285,9 +285,9 @@ def _reference(q, k, v, mask, is_causal, scale, stride, window):
 
 def _fused(q, k, v, mask, is_causal, scale, stride, window):
     """Phase 5's FP32 version 6 (3xTF32 tensor cores) where it takes the inputs, else its fast FFMA
-    kernel (fp32.fastest_kernel)."""
+    kernel: the op of kernel="fastest" decides."""
     return fp32.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, stride=stride, window=window,
-                          kernel=fp32.fastest_kernel(q, k, stride, window))
+                          kernel="fastest")
 
 
 def _unfused(phase):
@@ -314,9 +314,8 @@ _RUN = {"reference": _reference, "naive": _unfused(phase2_naive), "tiled": _unfu
 
 
 def _fused_op_first(q, k, v, mask, is_causal, scale, stride, window):
-    """fp32.run_op_first with the version _fused runs."""
-    return fp32.run_op_first(q, k, v, mask, is_causal, scale, stride, window,
-                             kernel=fp32.fastest_kernel(q, k, stride, window))
+    """fp32.run_op_first of the kernel choice _fused runs."""
+    return fp32.run_op_first(q, k, v, mask, is_causal, scale, stride, window, kernel="fastest")
 
 
 def _fused_tc_op_first(q, k, v, mask, is_causal, scale, stride, window):

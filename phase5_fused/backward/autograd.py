@@ -1,7 +1,7 @@
 """Autograd formulas for the fused forward ops of phase 5, on this lesson's backward kernels.
 
-    register_fp32(op_names)   phase5_fused::attention_{teaching, v2, v3, v4, fast}
-                              (q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse[, variant])
+    register_fp32(op_names)   phase5_fused::attention_{teaching, v2, v3, v4, fast, tf32x3, fastest}
+                              (q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse[, variant][, window])
     register_tc(op_name)      phase5_fused_tc::attention_lse
                               (q, k, v, mask, is_causal, scale, key_lengths)
 (The Hopper forward's formula is registered in C++, ../hopper/hopper_autograd.cpp: the op a

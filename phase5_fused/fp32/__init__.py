@@ -20,8 +20,9 @@ attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_leng
     are never loaded. Both combine with masks, stride and key_lengths. The other versions take
     neither (ValueError).
     Returns out, or (out, lse) with lse [B, H, Sq] the natural-log row logsumexp.
-fastest_kernel(q, k, stride=None, window=None)
-    The version final.attention's `fused` mode runs: "tf32x3" wherever it takes the inputs, else "fast".
+    kernel="fastest" runs version 6 wherever it takes the inputs (D in VERSION_D, one K/V head per
+    query head, no window, no stride) and the fast kernel for the rest, the choice made in the op
+    (fused.h's fastest_is_version6): what final.attention's `fused` mode runs.
     Differentiable in q, k, v (not in the mask): the backward is phase5_fused.backward's FP32
     kernel (FlashAttention-2, Algorithm 2); when an input requires grad the forward also writes lse,
     the one statistic the backward needs. The backward has no grouped heads and no window: inputs
@@ -58,9 +59,12 @@ FAST_TILES = {32: ("64x64",), 64: ("128x64", "64x64"), 80: ("64x64",), 96: ("64x
 PADDED_TILES = {32: "64x64", 64: "64x64", 96: "64x32", 128: "64x32", 160: "32x32", 192: "32x32", 224: "32x32",
                 256: "32x16"}
 FAST_VARIANTS = {D: len(FAST_TILES.get(D, ("padded",))) for D in SUPPORTED_D}
-# The versions with a second op without an autograd formula (attention_<kernel>_inference): the two
-# that final.attention's `fused` mode runs (fastest_kernel).
-INFERENCE_KERNELS = ("fast", "tf32x3")
+# What `kernel` may name: a version, or "fastest" (version 6 where it takes the inputs, else the fast
+# kernel; the op decides: fused.h's fastest_is_version6).
+KERNEL_CHOICES = (*KERNELS, "fastest")
+# The kernels with a second op without an autograd formula (attention_<kernel>_inference), which are
+# also the ones that take every D in SUPPORTED_D, grouped heads and a window.
+INFERENCE_KERNELS = ("fast", "fastest")
 SOURCES = ["ops.cpp", "fused_teaching.cu", "fused_v2_register_tiles.cu", "fused_v3_cp_async.cu",
            "fused_v4_exp2.cu", "fused_fast.cu", "fused_v6_tf32x3.cu"]
 
@@ -73,13 +77,13 @@ def _register_fakes() -> None:
         lse = q.new_empty((B, H, Sq) if return_lse else (0,))
         return torch.empty_like(q), lse
 
-    for name in (*KERNELS, *(f"{kernel}_inference" for kernel in INFERENCE_KERNELS)):
+    for name in (*KERNEL_CHOICES, *(f"{kernel}_inference" for kernel in INFERENCE_KERNELS)):
         torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
     # Autograd: the next lesson's backward kernels (built on the first backward call). That lesson
     # imports nothing of this one, so this lazy import closes no circle.
     from phase5_fused.backward import autograd
 
-    autograd.register_fp32([f"phase5_fused::attention_{name}" for name in KERNELS])
+    autograd.register_fp32([f"phase5_fused::attention_{name}" for name in KERNEL_CHOICES])
 
 
 load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes)
@@ -88,21 +92,6 @@ load = op_loader(Path(__file__).parent, "phase5_fused", SOURCES, _register_fakes
 def _aligned(x: torch.Tensor) -> torch.Tensor:
     """The kernels read rows with 16-byte loads: copy a tensor whose data is not 16-byte aligned."""
     return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def fastest_kernel(q, k, stride=None, window=None) -> str:
-    """The version final.attention's `fused` mode runs for these inputs: "tf32x3" (version 6, FP32
-    products on tensor cores in 3xTF32, as accurate as FFMA: README "Version 6") wherever it takes
-    them, else "fast". Version 6 takes D in VERSION_D, one K/V head per query head and no window; a
-    stride goes to the fast kernel, which gathers the kept keys where version 6 masks the others."""
-    if window is not None or not (stride is None or (type(stride) is int and stride == 1)):
-        return "fast"  # (a stride of any other type is left to attention()'s checks)
-    try:
-        shape = q.shape
-        takes = dim_in(shape[-1], VERSION_D) and k.shape[1] == shape[1]
-    except (AttributeError, IndexError, TypeError):  # not tensors: attention()'s checks name the argument
-        return "fast"
-    return "tf32x3" if takes else "fast"
 
 
 def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, window=None, key_lengths=None,
@@ -117,15 +106,13 @@ def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, w
         return None
     try:
         if q.is_cuda and not records_grad(q, k, v):
-            ops, stride = load(), 1 if stride is None else stride
+            args = (q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse))
+            window = 0 if window is None else window
+            ops = load()
             if kernel == "fast":
-                out, lse = ops.attention_fast_inference(q, k, v, mask, is_causal, scale, stride, key_lengths,
-                                                        bool(return_lse), 0, 0 if window is None else window)
-            elif window is None:  # version 6 takes no window
-                out, lse = ops.attention_tf32x3_inference(q, k, v, mask, is_causal, scale, stride, key_lengths,
-                                                          bool(return_lse))
+                out, lse = ops.attention_fast_inference(*args, 0, window)
             else:
-                return None
+                out, lse = ops.attention_fastest_inference(*args, window)
             return (out, lse) if return_lse else out
     except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
         pass
@@ -133,14 +120,16 @@ def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, w
 
 
 def _check_head_dim(q, kernel) -> None:
-    """D = q.shape[-1] is one the kernel takes: SUPPORTED_D (fast) or VERSION_D (the others)."""
+    """D = q.shape[-1] is one the kernel takes: SUPPORTED_D (fast, and fastest, which runs the fast
+    kernel where version 6 does not take D) or VERSION_D (the others)."""
     if not (torch.is_tensor(q) and q.dim() == 4):
         return  # check_attention_inputs names the argument
     D = q.shape[-1]
-    if kernel == "fast" and not dim_in(D, SUPPORTED_D):
+    every_d = kernel in INFERENCE_KERNELS
+    if every_d and not dim_in(D, SUPPORTED_D):
         raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by the fast kernel: use a multiple of 8 "
                          f"from {SUPPORTED_D[0]} to {SUPPORTED_D[-1]}")
-    if kernel != "fast" and not dim_in(D, VERSION_D):
+    if not every_d and not dim_in(D, VERSION_D):
         raise ValueError(f"head dim D={D} (q.shape[-1]) is not supported by kernel={kernel!r}: use one of "
                          f"{VERSION_D}, or the fast kernel (every multiple of 8 from {SUPPORTED_D[0]} to "
                          f"{SUPPORTED_D[-1]})")
@@ -150,13 +139,14 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
               return_lse=False, kernel="fast", variant=0, window=None):
     """Fused attention (see the module docstring). `variant` picks the fast kernel's tile
     configuration for this D (0 = default; run.py compares them). k, v may have H_kv heads and
-    `window` (with is_causal) limits each query to its last `window` keys: fast kernel only."""
+    `window` (with is_causal) limits each query to its last `window` keys: kernel "fast" or "fastest"
+    only."""
     if kernel in INFERENCE_KERNELS and variant == 0:
         result = run_op_first(q, k, v, mask, is_causal, scale, stride, window, key_lengths, return_lse, kernel)
         if result is not None:
             return result
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {kernel!r}")
     if kernel != "fast" and variant != 0:
         raise ValueError(f"variant applies to the fast kernel only (kernel={kernel!r}, variant={variant!r})")
     _check_head_dim(q, kernel)
@@ -164,8 +154,8 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES,
         key_lengths=key_lengths, is_causal=is_causal, scale=scale, grouped=True, window=window)
     extended = grouped_or_window(H, k.shape[1], window)
-    if kernel != "fast" and extended:
-        raise ValueError(f"{extended}: the fast kernel only, not kernel={kernel!r}")
+    if kernel not in INFERENCE_KERNELS and extended:
+        raise ValueError(f"{extended}: the fast kernel only (kernel \"fast\" or \"fastest\"), not kernel={kernel!r}")
     # (FAST_VARIANTS[D] is looked up only for a variant > 0: D may be symbolic under torch.compile)
     if not isinstance(variant, int) or variant < 0 or (variant > 0 and variant >= FAST_VARIANTS[D]):
         raise ValueError(f"variant must be in [0, {FAST_VARIANTS[D]}) for D={D}, got {variant!r}")
@@ -183,5 +173,6 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     # Python on the way to the launch.
     inference = kernel in INFERENCE_KERNELS and not needs_grad
     op = getattr(ops, f"attention_{kernel}_inference" if inference else f"attention_{kernel}")
-    out, lse = op(*args, variant, 0 if window is None else window) if kernel == "fast" else op(*args)
+    window = 0 if window is None else window
+    out, lse = op(*args, *{"fast": (variant, window), "fastest": (window,)}.get(kernel, ()))
     return (out, lse) if return_lse else out

@@ -32,6 +32,14 @@ inline bool fast_supports_head_dim(int64_t D) {
   return D >= kMinHeadDim && D <= kMaxHeadDim && D % kHeadDimStep == 0;
 }
 
+// The version the `fastest` op runs (final.attention's `fused` mode): version 6 (3xTF32 tensor
+// cores, as accurate as FFMA and the faster of the two at the lesson's headline shapes) wherever it
+// takes the inputs: D in kVersionD, one K/V head per query head, no window; and no stride, which the
+// fast kernel serves by gathering the kept keys where version 6 masks the others. Else the fast kernel.
+inline bool fastest_is_version6(int64_t D, int64_t H, int64_t H_kv, int64_t stride, int64_t window) {
+  return version_supports_head_dim(D) && H_kv == H && window == 0 && stride == 1;
+}
+
 struct FusedParams {
   const float* q;            // [B, H, Sq, D], contiguous, 16-byte aligned
   const float* k;            // [B, H_kv, Sk, D]

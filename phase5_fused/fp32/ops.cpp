@@ -6,8 +6,10 @@
 //   phase5_fused::attention_fast(..., variant, window=0)   also takes k, v with H_kv heads
 //       (grouped-query attention, H % H_kv == 0) and a sliding window (with is_causal; 0 = none),
 //       and every D that is a multiple of 8 up to 256 (the others take fused.h's kVersionD only)
-//   phase5_fused::attention_fast_inference(...), attention_tf32x3_inference(...)   the fast kernel's and
-//       version 6's ops without an autograd formula
+//   phase5_fused::attention_fastest(..., window=0)   the fast kernel's arguments but no variant: version 6
+//       where it takes the inputs, the fast kernel elsewhere (fused.h's fastest_is_version6)
+//   phase5_fused::attention_fast_inference(...), attention_fastest_inference(...)   the same ops without
+//       an autograd formula
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -108,6 +110,17 @@ std::tuple<at::Tensor, at::Tensor> attention_fast(
   return {prep.out, prep.lse};
 }
 
+std::tuple<at::Tensor, at::Tensor> attention_fastest(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+    int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse, int64_t window) {
+  // (a q or k that is not 4-D goes to the fast kernel's checks, which name it)
+  if (q.dim() == 4 && k.dim() == 4 && phase5::fastest_is_version6(q.size(3), q.size(1), k.size(1), stride, window))
+    return attention_version<phase5::launch_tf32x3>(q, k, v, mask, is_causal, scale, stride, key_lengths,
+                                                     return_lse);
+  return attention_fast(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, 0, window);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(phase5_fused, m) {
@@ -119,12 +132,15 @@ TORCH_LIBRARY(phase5_fused, m) {
         "Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)";
     m.def(schema.c_str());
   }
-  // The fast kernel and version 6 (final.attention's `fused` mode runs one of them) twice: attention_fast
-  // and attention_tf32x3 are differentiable (their autograd formula, registered in Python, runs on
-  // every call), the _inference ops have none, so a call that records no gradient reaches the kernel
-  // without a trip through Python.
-  m.def("attention_tf32x3_inference(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
-        "int stride, Tensor? key_lengths, bool return_lse) -> (Tensor, Tensor)");
+  // The fast kernel and the fastest version twice: attention_fast and attention_fastest are
+  // differentiable (their autograd formula, registered in Python, runs on every call), the _inference
+  // ops have none, so a call that records no gradient reaches the kernel without a trip through Python.
+  for (const char* name : {"attention_fastest", "attention_fastest_inference"}) {
+    const std::string schema = std::string(name) +
+        "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
+        "Tensor? key_lengths, bool return_lse, int window=0) -> (Tensor, Tensor)";
+    m.def(schema.c_str());
+  }
   for (const char* name : {"attention_fast", "attention_fast_inference"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
@@ -139,7 +155,8 @@ TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
   m.impl("attention_v3", &attention_version<phase5::launch_v3>);
   m.impl("attention_v4", &attention_version<phase5::launch_v4>);
   m.impl("attention_tf32x3", &attention_version<phase5::launch_tf32x3>);
-  m.impl("attention_tf32x3_inference", &attention_version<phase5::launch_tf32x3>);
   m.impl("attention_fast", &attention_fast);
   m.impl("attention_fast_inference", &attention_fast);
+  m.impl("attention_fastest", &attention_fastest);
+  m.impl("attention_fastest_inference", &attention_fastest);
 }
