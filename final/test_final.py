@@ -289,14 +289,17 @@ def test_float32_calls_go_to_the_op_before_the_mode_is_resolved(monkeypatch, mod
         resolved.append(1)
         return real(*args, **kwargs)
 
-    def op(q, *args):
+    def op_out(q, *args):
         op_calls.append(1)
         if refuse:
             raise RuntimeError("the op's own check refused this call")
-        return torch.empty_like(q), q.new_empty(0)
+        return torch.empty_like(q)
+
+    def op(q, *args):
+        return op_out(q), q.new_empty(0)
 
     monkeypatch.setattr(A, "_resolve_cached", counting)
-    stub = SimpleNamespace(attention_fastest_inference=op, attention_fastest=op)
+    stub = SimpleNamespace(attention_fastest_out=op_out, attention_fastest_inference=op, attention_fastest=op)
     monkeypatch.setitem(LOADED_OPS, "phase5_fused", stub)
     with warnings.catch_warnings(), FakeTensorMode():
         warnings.simplefilter("ignore")  # data_ptr of a fake tensor (the phase 5 alignment check)

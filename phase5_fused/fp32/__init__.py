@@ -79,6 +79,7 @@ def _register_fakes() -> None:
 
     for name in (*KERNEL_CHOICES, *(f"{kernel}_inference" for kernel in INFERENCE_KERNELS)):
         torch.library.register_fake(f"phase5_fused::attention_{name}")(fake)
+    torch.library.register_fake("phase5_fused::attention_fastest_out")(lambda q, *args: torch.empty_like(q))
     # Autograd: the next lesson's backward kernels (built on the first backward call). That lesson
     # imports nothing of this one, so this lazy import closes no circle.
     from phase5_fused.backward import autograd
@@ -106,9 +107,10 @@ def run_op_first(q, k, v, mask=None, is_causal=False, scale=None, stride=None, w
         return None
     try:
         if q.is_cuda and not records_grad(q, k, v):
-            args = (q, k, v, mask, is_causal, scale, 1 if stride is None else stride, key_lengths, bool(return_lse))
-            window = 0 if window is None else window
-            ops = load()
+            ops, stride, window = load(), 1 if stride is None else stride, 0 if window is None else window
+            if kernel == "fastest" and not return_lse:  # the course API's call: no lse allocated, out alone
+                return ops.attention_fastest_out(q, k, v, mask, is_causal, scale, stride, key_lengths, window)
+            args = (q, k, v, mask, is_causal, scale, stride, key_lengths, bool(return_lse))
             if kernel == "fast":
                 out, lse = ops.attention_fast_inference(*args, 0, window)
             else:

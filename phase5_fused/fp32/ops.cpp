@@ -10,6 +10,8 @@
 //       where it takes the inputs, the fast kernel elsewhere (fused.h's fastest_is_version6)
 //   phase5_fused::attention_fast_inference(...), attention_fastest_inference(...)   the same ops without
 //       an autograd formula
+//   phase5_fused::attention_fastest_out(q, k, v, mask, is_causal, scale, stride, key_lengths, window=0)
+//       -> out   attention_fastest_inference without return_lse: no lse allocated, out alone returned
 // Each returns (out [B, H, Sq, D], lse [B, H, Sq] or an empty tensor when return_lse is false).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -35,7 +37,7 @@ std::string version_head_dims() {
 
 struct Prepared {
   phase5::FusedParams params;
-  at::Tensor out, lse, key_lengths;  // keep the clamped key_lengths alive until the launch
+  at::Tensor out, lse, key_lengths;  // lse undefined unless asked for; key_lengths kept alive until the launch
   int D;
 };
 
@@ -64,7 +66,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   Prepared prep;
   prep.D = static_cast<int>(s.D);
   prep.out = at::empty_like(q);
-  prep.lse = return_lse ? at::empty({s.B, s.H, s.Sq}, q.options()) : at::empty({0}, q.options());
+  if (return_lse) prep.lse = at::empty({s.B, s.H, s.Sq}, q.options());
 
   phase5::FusedParams& p = prep.params;
   p.q = q.data_ptr<float>();
@@ -86,16 +88,49 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return prep;
 }
 
-// The op of a version with one tile configuration per D (all but the fast kernel).
+// A version with one tile configuration per D (all but the fast kernel), launched.
+template <void (*Launch)(const phase5::FusedParams&, int, cudaStream_t)>
+Prepared run_version(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
+  Launch(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
+  return prep;
+}
+
+Prepared run_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                  int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
+                  int64_t variant, int64_t window) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, true, window);
+  phase5::launch_fast(prep.params, prep.D, static_cast<int>(variant), c10::cuda::getCurrentCUDAStream());
+  return prep;
+}
+
+// Version 6 where fused.h's rule says it takes the inputs, else the fast kernel (default tiles).
+Prepared run_fastest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
+                     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
+                     int64_t window) {
+  // (a q or k that is not 4-D goes to the fast kernel's checks, which name it)
+  if (q.dim() == 4 && k.dim() == 4 && phase5::fastest_is_version6(q.size(3), q.size(1), k.size(1), stride, window))
+    return run_version<phase5::launch_tf32x3>(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
+  return run_fast(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, 0, window);
+}
+
+// What the (out, lse) ops return: lse an empty tensor where it was not asked for.
+std::tuple<at::Tensor, at::Tensor> out_and_lse(const Prepared& prep) {
+  return {prep.out, prep.lse.defined() ? prep.lse : at::empty({0}, prep.out.options())};
+}
+
 template <void (*Launch)(const phase5::FusedParams&, int, cudaStream_t)>
 std::tuple<at::Tensor, at::Tensor> attention_version(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse);
-  Launch(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
-  return {prep.out, prep.lse};
+  return out_and_lse(run_version<Launch>(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse));
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_fast(
@@ -103,22 +138,22 @@ std::tuple<at::Tensor, at::Tensor> attention_fast(
     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse,
     int64_t variant, int64_t window) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  Prepared prep = prepare(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, true, window);
-  phase5::launch_fast(prep.params, prep.D, static_cast<int>(variant),
-                      c10::cuda::getCurrentCUDAStream());
-  return {prep.out, prep.lse};
+  return out_and_lse(run_fast(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, variant, window));
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_fastest(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
     int64_t stride, const c10::optional<at::Tensor>& key_lengths, bool return_lse, int64_t window) {
-  // (a q or k that is not 4-D goes to the fast kernel's checks, which name it)
-  if (q.dim() == 4 && k.dim() == 4 && phase5::fastest_is_version6(q.size(3), q.size(1), k.size(1), stride, window))
-    return attention_version<phase5::launch_tf32x3>(q, k, v, mask, is_causal, scale, stride, key_lengths,
-                                                     return_lse);
-  return attention_fast(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, 0, window);
+  return out_and_lse(run_fastest(q, k, v, mask, is_causal, scale, stride, key_lengths, return_lse, window));
+}
+
+// The course API's common call: no logsumexp asked for, so none allocated, and out alone returned.
+at::Tensor attention_fastest_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const c10::optional<at::Tensor>& mask, bool is_causal,
+                                 c10::optional<double> scale, int64_t stride,
+                                 const c10::optional<at::Tensor>& key_lengths, int64_t window) {
+  return run_fastest(q, k, v, mask, is_causal, scale, stride, key_lengths, false, window).out;
 }
 
 }  // namespace
@@ -141,6 +176,8 @@ TORCH_LIBRARY(phase5_fused, m) {
         "Tensor? key_lengths, bool return_lse, int window=0) -> (Tensor, Tensor)";
     m.def(schema.c_str());
   }
+  m.def("attention_fastest_out(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, "
+        "int stride, Tensor? key_lengths, int window=0) -> Tensor");
   for (const char* name : {"attention_fast", "attention_fast_inference"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, int stride, "
@@ -159,4 +196,5 @@ TORCH_LIBRARY_IMPL(phase5_fused, CUDA, m) {
   m.impl("attention_fast_inference", &attention_fast);
   m.impl("attention_fastest", &attention_fastest);
   m.impl("attention_fastest_inference", &attention_fastest);
+  m.impl("attention_fastest_out", &attention_fastest_out);
 }
