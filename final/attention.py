@@ -35,8 +35,8 @@ mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
 is picked on an H100 for unmasked FP16/BF16 at D=64 or 128, grouped-query heads included (in
-training only with one K/V head per query head), fused_tc for the rest, masks and windows included). auto never picks "reference": a float64 reference running in place of a
-kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
+training only with one K/V head per query head), fused_tc for the rest, masks and windows included).
+auto never picks "reference": a float64 reference running in place of a kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
 float32 at D=260, stride with float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
 
@@ -128,7 +128,8 @@ MODE_INFO = {
     "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
-    "fused": ModeInfo("phase5_fused.fp32 (fastest: tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True, gqa=True, window=True),
+    "fused": ModeInfo("phase5_fused.fp32 (fastest: tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True,
+                      gqa=True, window=True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
