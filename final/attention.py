@@ -36,8 +36,9 @@ naive) that takes the inputs: roughly the order of the phases' measured speed (p
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
 is picked on an H100 for unmasked FP16/BF16 at D=64 or 128, grouped-query heads included (in
 training only with one K/V head per query head), fused_tc for the rest, masks and windows included).
-auto never picks "reference": a float64 reference running in place of a kernel would be a silent fallback, so when no CUDA mode takes the inputs (CPU tensors, float64,
-float32 at D=260, stride with float16, ...) auto raises and names the modes that would, reference among them.
+auto never picks "reference": a float64 reference running in place of a kernel would be a silent
+fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, float32 at D=260, stride with
+float16, ...) auto raises and names the modes that would, reference among them.
 An explicit mode that cannot take the inputs raises likewise; no mode ever falls back to another.
 
 supported_modes(q, k, v, mask, stride, window) decides from metadata alone (device type, dtype, D,
