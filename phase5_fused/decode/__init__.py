@@ -62,8 +62,9 @@ MAX_SPLITS = 1024  # decode.h kMaxSplits
 # The split kernels' cp.async ring of K and V tiles (README "More bytes in flight: a deeper ring";
 # decode.h): the CUDA-core kernel has CUDA_CORE_STAGES stages; the tensor-core kernel is compiled
 # with each count of TENSOR_CORE_STAGES and, on a grid of more blocks than SMs, runs the deepest
-# that the device's shared memory per block holds (choose_stages). A stage is TILE_BYTES of K and TILE_BYTES of V (decode_stream.cuh
-# KvTile), each key row padded by 16 bytes.
+# that the device's shared memory per block holds (choose_stages). A stage is TILE_BYTES of K and
+# TILE_BYTES of V (decode_stream.cuh KvTile: swizzled rows on tensor cores, rows padded by 16 bytes
+# on CUDA cores).
 CUDA_CORE_STAGES = 2
 TENSOR_CORE_STAGES = (2, 3)
 TILE_BYTES = 16384
@@ -99,26 +100,26 @@ def smem_per_block(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
 
 
-def tensor_core_smem_bytes(stages: int, D: int, itemsize: int) -> int:
+def tensor_core_smem_bytes(stages: int) -> int:
     """Shared memory of one block of the tensor-core split kernel with a ring of `stages` stages
     (decode_split_tc.cu TcTile::smem_bytes; its final merge of the warps reuses the same bytes):
-    K and V tiles of TILE_BYTES // (D * itemsize) keys, each row D elements plus 16 bytes."""
-    keys = TILE_BYTES // (D * itemsize)
-    return 2 * stages * keys * (D * itemsize + 16)
+    TILE_BYTES of K and TILE_BYTES of V per stage, swizzled rows without padding, whatever D and
+    the dtype."""
+    return 2 * stages * TILE_BYTES
 
 
 @functools.lru_cache(maxsize=64)
-def choose_stages(kernel: str, D: int, itemsize: int, max_smem_per_block: int, blocks: int, sms: int) -> int:
+def choose_stages(kernel: str, max_smem_per_block: int, blocks: int, sms: int) -> int:
     """The ring's stages for `kernel` (one of KERNELS) on a grid of `blocks` blocks and a GPU of
     `sms` SMs: CUDA_CORE_STAGES on CUDA cores; on tensor cores the most of TENSOR_CORE_STAGES whose
-    tiles fit max_smem_per_block bytes (3 on sm_80 and sm_90, 2 where a block gets 99 KB: sm_86,
-    sm_89), but only where the grid has more blocks than SMs. With one block per SM or fewer the
-    README's measurement found the deeper ring no faster (slower on a paged cache): 2 there."""
+    tiles fit max_smem_per_block bytes (3 on every GPU with cp.async: 96 KB), but only where the
+    grid has more blocks than SMs. With one block per SM or fewer the README's measurement found
+    the deeper ring no faster (slower on a paged cache): 2 there."""
     if kernel != "tensor_cores":
         return CUDA_CORE_STAGES
     if blocks <= sms:
         return min(TENSOR_CORE_STAGES)
-    fits = [s for s in TENSOR_CORE_STAGES if tensor_core_smem_bytes(s, D, itemsize) <= max_smem_per_block]
+    fits = [s for s in TENSOR_CORE_STAGES if tensor_core_smem_bytes(s) <= max_smem_per_block]
     return max(fits, default=min(TENSOR_CORE_STAGES))
 
 
@@ -323,8 +324,7 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     if num_splits is None:
         num_splits = choose_num_splits(blocks, capacity, sm_count(device), page_table is not None)
     if stages is None:
-        stages = choose_stages(kernel, D, q.element_size(), smem_per_block(device), blocks * num_splits,
-                               sm_count(device))
+        stages = choose_stages(kernel, smem_per_block(device), blocks * num_splits, sm_count(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
                                 num_splits, block_rows, kernel == "tensor_cores", stages, fused_merge)
     return (out, lse) if return_lse else out

@@ -35,8 +35,8 @@ constexpr int kStages = kCudaCoreStages;
 
 // The K/V tile (decode_stream.cuh) and how this kernel's threads share its work.
 template <typename T, int D>
-struct Tile : KvTile<T, D> {
-  using KvTile<T, D>::kBc;
+struct Tile : KvTile<T, D, false> {
+  using KvTile<T, D, false>::kBc;
   // Scores: thread t takes key t % kBc and the rows r = t / kBc + n * kThreadsPerKey.
   static constexpr int kThreadsPerKey = kThreads / kBc;
   static constexpr int kScoreRows = kMaxRows / kThreadsPerKey;
@@ -53,7 +53,7 @@ struct Tile : KvTile<T, D> {
 
   static_assert(kThreads % kBc == 0 && kMaxRows % kThreadsPerKey == 0, "score threads cover the tile evenly");
   static_assert(kGroup <= 32 && 32 % kGroup == 0, "a row's group of threads lies inside one warp");
-  static_assert(merge_smem_bytes(kThreads / 32) <= 2 * kCudaCoreStages * KvTile<T, D>::kTileElems * sizeof(T),
+  static_assert(merge_smem_bytes(kThreads / 32) <= 2 * kCudaCoreStages * KvTile<T, D, false>::kTileElems * sizeof(T),
                 "the in-kernel merge fits in the K/V tiles");
 };
 
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) 
 
     // 4. K and V stream through the two stages of shared memory (decode_stream.cuh's ring): a
     //    tile's rows at or past `end` are zero-filled.
-    const KvStream<T, D, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
+    const KvStream<T, D, false, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
 
     const int num_tiles = course::ceil_div(end - start, Tl::kBc);
     stream.prologue(num_tiles);

@@ -18,21 +18,23 @@
 // merges splits, and the block writes its rows (store_result); with several splits the block that
 // finishes its row group last then merges the splits (merge_if_last).
 //
-// K and V stream through a ring of kStages stages (decode_stream.cuh): 3 where the device lets a
-// block hold them, so that the copies of two tiles (64 KB) are in flight while one is used, and of
-// three while the block waits. The arithmetic (README "More bytes in flight: a deeper ring"):
-// a stage is 16 KB of K and 16 KB of V plus the rows' 16-byte padding, 34 KB at D = 128 and 36 KB
-// at D = 64 (FP16 and BF16 alike), so a block takes
-//     stages   D = 128    D = 64
-//       2       68 KB      72 KB     fits every GPU with cp.async (sm_86 / sm_89: 99 KB a block)
-//       3      102 KB     108 KB     sm_80 (163 KB a block), sm_90 (227 KB): two blocks per SM
-//       4      136 KB     144 KB     sm_90 only, and one block per SM (228 KB per SM, 1 KB of it
-//                                    reserved per block)
+// K and V stream through a ring of kStages stages of swizzled tiles (decode_stream.cuh KvTile): 3
+// where the device lets a block hold them and the grid has more blocks than SMs, so that the copies
+// of two tiles (64 KB) are in flight while one is used, and of three while the block waits. The
+// arithmetic (README "More bytes in flight: a deeper ring"): a stage is 16 KB of K and 16 KB of V
+// (D = 64 and 128, FP16 and BF16 alike), so a block takes
+//     stages   shared memory
+//       2        64 KB     every GPU with cp.async
+//       3        96 KB     sm_80 (163 KB a block) and sm_90 (227 KB): two blocks per SM; sm_86 and
+//                          sm_89 (99 KB a block): one
+//       4       128 KB     sm_80 and sm_90 only, one block per SM (sm_90: 228 KB per SM, 1 KB of
+//                          it reserved per block)
 // Both 2 and 3 are compiled (decode.h tensor_core_stages); decode/__init__.py's choose_stages
-// picks the deepest that fits the device's limit per block, so sm_80 and sm_90 run 3 and sm_86 /
-// sm_89 fall back to 2. Four stages would give a lone block one more tile in flight and
-// cost sm_90 the second block per SM (at B = 64 the grid's 512 blocks are two waves of 264, not
-// four of 132, and one block's set-up and final merge no longer hide behind the other's copies).
+// picks the deepest that fits the device's limit per block on a grid of more blocks than SMs, and
+// 2 on a grid of one block per SM or fewer. Four stages would give a lone block one more tile in
+// flight and cost sm_90 the second block per SM (at B = 64 the grid's 512 blocks are two waves of
+// 264, not four of 132, and one block's set-up and final merge no longer hide behind the other's
+// copies).
 #include <cmath>
 
 #include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx
@@ -49,12 +51,12 @@ constexpr int kTileRows = 16;  // the m16 of mma.sync: a block's R_c <= kMaxRows
 static_assert(kMaxRows <= kTileRows, "a block's rows fit one m16 tile");
 
 template <typename T, int D>
-struct TcTile : KvTile<T, D> {
-  using KvTile<T, D>::kBc;
-  using KvTile<T, D>::kStride;
-  using KvTile<T, D>::kTileElems;
+struct TcTile : KvTile<T, D, true> {
+  using KvTile<T, D, true>::kBc;
+  using KvTile<T, D, true>::kTileElems;
   static constexpr int kKeys = kBc / kWarps;  // keys of a tile per warp
-  static_assert(kKeys % 16 == 0, "a warp's slice is whole k16 steps of P V");
+  static_assert(kKeys % 16 == 0, "a warp's slice is whole k16 steps of P V (and whole swizzle groups of 8 rows: "
+                "a key's swizzle is the same counted from the tile or from the warp's slice)");
   // The merge of the warps' results reuses the K/V tiles: O [kWarps][16][D] and m, l [kWarps][16].
   static constexpr size_t kMergeBytes = static_cast<size_t>(kWarps) * kTileRows * (D + 2) * sizeof(float);
   // The block's shared memory: kStages stages of K and V (decode/__init__.py's tensor_core_smem_bytes).
@@ -67,8 +69,8 @@ template <typename T, int D, bool kPaged, int kStages>
 __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params p) {
   using Tl = TcTile<T, D>;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);       // [kStages][kBc][kStride]
-  T* sV = sK + kStages * Tl::kTileElems;    // [kStages][kBc][kStride]
+  T* sK = reinterpret_cast<T*>(smem);       // [kStages][kBc][D], swizzled (KvTile)
+  T* sV = sK + kStages * Tl::kTileElems;    // [kStages][kBc][D], swizzled (KvTile)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32, lane = tid % 32;
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
     //    tiles 0 .. kStages-2 first; at the top of each iteration the copies of the tile kStages - 1
     //    ahead start (into the stage the last iteration used), then the wait for this tile's copies
     //    (the kStages - 1 younger groups may still fly) and the barrier that shows it to all warps.
-    const KvStream<T, D, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
+    const KvStream<T, D, true, kPaged, kStages> stream{p, b, hk, bh, start, end, sK, sV};
     const int num_tiles = course::ceil_div(end - start, Tl::kBc);
     stream.prologue(num_tiles);
     for (int tile = 0; tile < num_tiles; ++tile) {
@@ -122,8 +124,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
       stream.fetch_ahead(tile, num_tiles);
       course::cp_async_wait<kStages - 1>();
       __syncthreads();
-      const T* k_slice = sK + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
-      const T* v_slice = sV + stage * Tl::kTileElems + warp * Tl::kKeys * Tl::kStride;
+      const T* k_slice = sK + stage * Tl::kTileElems + warp * Tl::kKeys * D;
+      const T* v_slice = sV + stage * Tl::kTileElems + warp * Tl::kKeys * D;
 
       // 4. S = Q K_w^T: per k-step, one ldmatrix.x4 gives the B fragments of 16 keys (8 x 8 tiles
       //    (keys n..n+7 | n+8..n+15) x (columns kk*16 .. +7 | +8 .. +15)).
@@ -135,9 +137,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
 #pragma unroll
         for (int n = 0; n < Tl::kKeys / 16; ++n) {
           const int mat = lane / 8;
-          const int key = n * 16 + (mat / 2) * 8 + lane % 8, col = kk * 16 + (mat % 2) * 8;
+          const int key = n * 16 + (mat / 2) * 8 + lane % 8, chunk = kk * 2 + mat % 2;
           uint32_t kb[4];
-          tc::ldmatrix_x4(kb, course::smem_u32(k_slice + key * Tl::kStride + col));
+          tc::ldmatrix_x4(kb, course::smem_u32(k_slice + Tl::at(key, chunk)));
           tc::mma_16816<T>(s[2 * n], qa[kk], kb[0], kb[1]);
           tc::mma_16816<T>(s[2 * n + 1], qa[kk], kb[2], kb[3]);
         }
@@ -194,9 +196,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params 
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {
           const int mat = lane / 8;
-          const int key = c * 16 + (mat % 2) * 8 + lane % 8, col = n * 16 + (mat / 2) * 8;
+          const int key = c * 16 + (mat % 2) * 8 + lane % 8, chunk = n * 2 + mat / 2;
           uint32_t vb[4];
-          tc::ldmatrix_x4_trans(vb, course::smem_u32(v_slice + key * Tl::kStride + col));
+          tc::ldmatrix_x4_trans(vb, course::smem_u32(v_slice + Tl::at(key, chunk)));
           tc::mma_16816<T>(o[2 * n], pa, vb[0], vb[1]);
           tc::mma_16816<T>(o[2 * n + 1], pa, vb[2], vb[3]);
         }

@@ -1,7 +1,8 @@
 // What both split kernels share (decode_split.cu on CUDA cores, decode_split_tc.cu on tensor
 // cores): which keys a split owns, the page-table check, and the copy of K and V tiles into a ring
-// of kStages shared-memory stages (cp.async, 16 bytes per copy, rows padded by 16 bytes; 2 stages
-// on CUDA cores, 3 on tensor cores where the device has the shared memory: README "More bytes in
+// of kStages shared-memory stages (cp.async, 16 bytes per copy; rows padded by 16 bytes on CUDA
+// cores, XOR-swizzled on tensor cores: README "Swizzled tiles: every sector read once"; 2 stages on
+// CUDA cores, 3 on tensor cores where the device has the shared memory: README "More bytes in
 // flight: a deeper ring").
 #pragma once
 
@@ -14,24 +15,42 @@
 #include "decode.h"
 #include "decode_common.cuh"
 #include "shared_memory_opt_in.h"
+#include "../tensor_cores/tc_mma.cuh"  // tc::swizzle
 
 namespace phase5_decode {
 
 constexpr int kThreads = 128;  // threads of a split-kernel block
 
-// The shared-memory tile of keys both kernels stream K and V through.
-template <typename T, int D>
+// The shared-memory tile of keys both kernels stream K and V through, in one of two layouts:
+//   kSwizzled = false (CUDA cores): rows padded by 16 bytes, so that threads reading the same
+//     chunk of 8 consecutive rows hit 8 bank groups;
+//   kSwizzled = true (tensor cores): unpadded rows, chunk c of row r stored at chunk c ^ (r % 8)
+//     (tc::swizzle), conflict-free for ldmatrix. It also keeps the two 16-byte halves of every
+//     32-byte sector of the cache in one 32-byte sector of shared memory; a padded odd row splits
+//     them, and the cp.async of that row then fetches each of its sectors from L2 twice (ncu:
+//     half again the sectors a tile holds, README "Swizzled tiles: every sector read once").
+template <typename T, int D, bool kSwizzled>
 struct KvTile {
   static constexpr int kVec = 16 / sizeof(T);               // elements per 16-byte copy
   static constexpr int kChunks = D / kVec;                  // 16-byte chunks per key row
   static constexpr int kBc = 16384 / (D * sizeof(T));       // keys per tile: 16 KB of K, 16 KB of V
-  static constexpr int kStride = D + kVec;                  // shared row padded by 16 bytes
+  static constexpr int kStride = kSwizzled ? D : D + kVec;  // elements per shared row
   static constexpr int kTileElems = kBc * kStride;
   static constexpr int kRowsPerPass = kThreads / kChunks;   // key rows the block copies per pass
   static constexpr int kPasses = kBc / kRowsPerPass;        // copies per thread per tensor and tile
   static_assert(kThreads % kChunks == 0 && kBc % kRowsPerPass == 0, "the block copies whole key rows");
-  static_assert((kStride * sizeof(T) / 16) % 2 == 1,
-                "an odd number of 16-byte units per shared row: 8 threads reading 8 rows hit 8 bank groups");
+  static_assert(kSwizzled ? kChunks % 8 == 0 : (kStride * sizeof(T) / 16) % 2 == 1,
+                "swizzled: whole groups of 8 chunks per row; padded: an odd number of 16-byte units per "
+                "row, so 8 threads reading 8 rows hit 8 bank groups");
+
+  // Element offset of 16-byte chunk `chunk` of key row `row` in a stage.
+  static __device__ __forceinline__ int at(int row, int chunk) {
+    if constexpr (kSwizzled) {
+      return row * kStride + tc::swizzle<kChunks>(row, chunk) * kVec;
+    } else {
+      return row * kStride + chunk * kVec;
+    }
+  }
 };
 
 // The keys [start, end) split `split` of sequence b owns: an equal share of its L keys, a whole
@@ -62,8 +81,8 @@ __device__ __forceinline__ bool split_keys(const Params& p, int b, int split, in
 }
 
 // Streams the K and V rows of KV head hk of sequence b (bh = b * H_kv + hk), keys [start, end),
-// through a ring of kStages shared-memory tiles sK, sV [kStages][kBc][kStride], one cp.async commit
-// group per tile. Both split kernels run the ring the same way:
+// through a ring of kStages shared-memory tiles sK, sV [kStages][kBc][kStride] (KvTile's layout),
+// one cp.async commit group per tile. Both split kernels run the ring the same way:
 //
 //   prologue(num_tiles)                     tiles 0 .. kStages-2 in flight
 //   for tile t:
@@ -79,10 +98,10 @@ __device__ __forceinline__ bool split_keys(const Params& p, int b, int split, in
 // every t. The copies of the kStages - 1 tiles after t are in flight while tile t is used, and
 // those of kStages tiles while the block waits for it. With kStages = 2 this is the double buffer
 // of the first version (copy tile t + 1, wait for tile t).
-template <typename T, int D, bool kPaged, int kStages>
+template <typename T, int D, bool kSwizzled, bool kPaged, int kStages>
 struct KvStream {
   static_assert(kStages >= 2, "a ring of at least two stages: one used, one being filled");
-  using Tile = KvTile<T, D>;
+  using Tile = KvTile<T, D, kSwizzled>;
   const Params& p;
   int b, hk, bh, start, end;
   T* sK;
@@ -133,7 +152,7 @@ struct KvStream {
       const int r = tid / Tile::kChunks + pass * Tile::kRowsPerPass;
       const bool valid = tile_start + r < end;
       const int64_t offset = valid ? key_offset(tile_start + r) + chunk * Tile::kVec : 0;
-      const int at = stage * Tile::kTileElems + r * Tile::kStride + chunk * Tile::kVec;
+      const int at = stage * Tile::kTileElems + Tile::at(r, chunk);
       course::cp_async_16(course::smem_u32(sK + at), k_cache + offset, valid);
       course::cp_async_16(course::smem_u32(sV + at), v_cache + offset, valid);
     }

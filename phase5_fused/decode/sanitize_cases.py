@@ -36,7 +36,7 @@ def main() -> int:
             rings = [("cuda_cores", decode.CUDA_CORE_STAGES)]
             if decode.choose_kernel(dtype, D) == "tensor_cores":
                 rings += [("tensor_cores", s) for s in decode.TENSOR_CORE_STAGES
-                          if decode.tensor_core_smem_bytes(s, D, dtype.itemsize) <= device_smem]
+                          if decode.tensor_core_smem_bytes(s) <= device_smem]
             for page_size in (None, 16):
                 q, k, v, n, table, info = make_case(lengths, 6, 2, Sq, D, dtype, page_size, spare=40)
                 ref = reference.decode_attention(q, k, v, n, page_table=table)

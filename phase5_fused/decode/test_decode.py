@@ -135,7 +135,7 @@ def test_head_dims_and_dtypes(kernel, Sq, D, dtype, layout):
 def test_tensor_core_ring_depths(stages, D, dtype, layout):
     """Every ring the tensor-core kernel is compiled with, whichever the GPU would choose: splits of
     many tiles (the ring wraps several times), of a few, of one, of none (more splits than tiles)."""
-    smem = decode.tensor_core_smem_bytes(stages, D, dtype.itemsize)
+    smem = decode.tensor_core_smem_bytes(stages)
     if smem > decode.smem_per_block(torch.cuda.current_device()):
         pytest.skip(f"{stages} stages need {smem} bytes of shared memory per block, more than this GPU has")
     case = make_case([2000, 2, 130, 777], 8, 2, 2, D, dtype, layout)
@@ -467,28 +467,25 @@ RESERVED_PER_BLOCK = 1024
 
 def test_stage_choice():
     """The ring of the tensor-core kernel: on a grid of more blocks than SMs, the deepest of
-    TENSOR_CORE_STAGES that the device's shared memory per block holds (3 on sm_80 and sm_90, 2 on
-    sm_86 / sm_89); 2 on a grid of one block per SM or fewer; CUDA cores keep 2."""
-    # 16 KB of K and of V per stage, plus 16 bytes per key row: 34 KB at D = 128, 36 KB at D = 64.
-    assert decode.tensor_core_smem_bytes(2, 128, 2) == 68 * 1024
-    assert decode.tensor_core_smem_bytes(3, 128, 2) == 102 * 1024
-    assert decode.tensor_core_smem_bytes(3, 64, 2) == 108 * 1024
+    TENSOR_CORE_STAGES that the device's shared memory per block holds (3 on sm_80, sm_86 / sm_89
+    and sm_90); 2 on a grid of one block per SM or fewer, or where 3 do not fit; CUDA cores keep 2."""
+    # 16 KB of K and of V per stage, swizzled rows without padding: 32 KB whatever D and the dtype.
+    assert decode.tensor_core_smem_bytes(2) == 64 * 1024
+    assert decode.tensor_core_smem_bytes(3) == 96 * 1024
     sms = 132
-    for D in decode.TENSOR_CORE_D:
-        for dtype in decode.TENSOR_CORE_DTYPES:
-            def choose(arch, blocks=512):
-                return decode.choose_stages("tensor_cores", D, dtype.itemsize, SMEM[arch][0], blocks, sms)
-            assert choose("sm_90") == choose("sm_80") == max(decode.TENSOR_CORE_STAGES) == 3
-            assert choose("sm_86") == 2
-            assert choose("sm_90", blocks=sms) == choose("sm_90", blocks=8) == 2  # one block per SM or fewer
-            assert decode.choose_stages("tensor_cores", D, dtype.itemsize, 0, 512, sms) == min(decode.TENSOR_CORE_STAGES)
-            # The deepest ring still leaves sm_90 two blocks per SM (a fourth stage would not).
-            per_sm = SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(3, D, dtype.itemsize) + RESERVED_PER_BLOCK)
-            assert per_sm == 2
-            assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(4, D, dtype.itemsize) + RESERVED_PER_BLOCK) == 1
-    for D in decode.SUPPORTED_D:
-        for arch in SMEM:
-            assert decode.choose_stages("cuda_cores", D, 4, SMEM[arch][0], 512, sms) == decode.CUDA_CORE_STAGES == 2
+
+    def choose(arch, blocks=512):
+        return decode.choose_stages("tensor_cores", SMEM[arch][0], blocks, sms)
+
+    assert choose("sm_90") == choose("sm_80") == choose("sm_86") == max(decode.TENSOR_CORE_STAGES) == 3
+    assert choose("sm_90", blocks=sms) == choose("sm_90", blocks=8) == 2  # one block per SM or fewer
+    assert decode.choose_stages("tensor_cores", 64 * 1024, 512, sms) == 2  # three stages do not fit
+    assert decode.choose_stages("tensor_cores", 0, 512, sms) == min(decode.TENSOR_CORE_STAGES)
+    # The deepest ring still leaves sm_90 two blocks per SM (a fourth stage would not).
+    assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(3) + RESERVED_PER_BLOCK) == 2
+    assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(4) + RESERVED_PER_BLOCK) == 1
+    for arch in SMEM:
+        assert decode.choose_stages("cuda_cores", SMEM[arch][0], 512, sms) == decode.CUDA_CORE_STAGES == 2
 
 
 def test_rows_per_block_chunks_evenly():
