@@ -82,7 +82,7 @@ __device__ __forceinline__ float group_sum(float x, unsigned mask) {
 template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const Params p) {
   using Tl = Tile<T, D>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);                                     // [kStages][kBc][kStride]
   T* sV = sK + kStages * Tl::kTileElems;                                  // [kStages][kBc][kStride]
   float* sQ = reinterpret_cast<float*>(sV + kStages * Tl::kTileElems);    // [R_c][D]

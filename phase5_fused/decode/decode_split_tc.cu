@@ -68,7 +68,7 @@ struct TcTile : KvTile<T, D, true> {
 template <typename T, int D, bool kPaged, int kStages>
 __global__ void __launch_bounds__(kThreads) decode_split_tc_kernel(const Params p) {
   using Tl = TcTile<T, D>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);       // [kStages][kBc][D], swizzled (KvTile)
   T* sV = sK + kStages * Tl::kTileElems;    // [kStages][kBc][D], swizzled (KvTile)
 

@@ -26,9 +26,11 @@ constexpr int kThreads = 128;  // threads of a split-kernel block
 //     chunk of 8 consecutive rows hit 8 bank groups;
 //   kSwizzled = true (tensor cores): unpadded rows, chunk c of row r stored at chunk c ^ (r % 8)
 //     (tc::swizzle), conflict-free for ldmatrix. It also keeps the two 16-byte halves of every
-//     32-byte sector of the cache in one 32-byte sector of shared memory; a padded odd row splits
-//     them, and the cp.async of that row then fetches each of its sectors from L2 twice (ncu:
-//     half again the sectors a tile holds, README "Swizzled tiles: every sector read once").
+//     32-byte sector of the cache in one 32-byte sector of shared memory, so that cp.async
+//     fetches each sector from L2 once; a row that starts mid-sector (every other padded row)
+//     fetches each of its sectors twice (README "Swizzled tiles: every sector read once"). For
+//     the same reason the kernels' dynamic shared memory must start on a 128-byte boundary
+//     (__align__(128)): the in-kernel merge's static shared memory comes first.
 template <typename T, int D, bool kSwizzled>
 struct KvTile {
   static constexpr int kVec = 16 / sizeof(T);               // elements per 16-byte copy
