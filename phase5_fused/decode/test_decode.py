@@ -101,6 +101,19 @@ def test_python_facts_name_what_the_kernels_compile():
     assert int(re.search(r"kBc = (\d+) / \(D \* sizeof\(T\)\);", stream).group(1)) == decode.TILE_BYTES
 
 
+def test_split_kernels_start_their_tiles_on_a_128_byte_boundary():
+    """The in-kernel merge (decode_merge.cuh) has static shared memory, which the compiler places
+    before the dynamic region: declared __align__(16), the tiles started 16 bytes past a 128-byte
+    boundary and cp.async fetched sectors from L2 twice (README "Swizzled tiles: every sector read
+    once"). No GPU test sees it (the results are right, only slower), so the sources are read."""
+    folder = Path(decode.__file__).parent
+    assert "__shared__ int" in (folder / "decode_merge.cuh").read_text()
+    for name in ("decode_split.cu", "decode_split_tc.cu"):
+        source = (folder / name).read_text()
+        declarations = re.findall(r"extern __shared__ (__align__\(\d+\) )?unsigned char smem\[\];", source)
+        assert declarations == ["__align__(128) "], f"{name}: {declarations}"
+
+
 @requires_gpu
 @pytest.mark.parametrize("kernel", decode.KERNELS)
 @pytest.mark.parametrize("layout", [None, 64], ids=["contiguous", "paged64"])
