@@ -61,8 +61,8 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 1024  # decode.h kMaxSplits
 # The split kernels' cp.async ring of K and V tiles (README "More bytes in flight: a deeper ring";
 # decode.h): the CUDA-core kernel has CUDA_CORE_STAGES stages; the tensor-core kernel is compiled
-# with each count of TENSOR_CORE_STAGES and, on a grid of more blocks than SMs, runs the deepest
-# that the device's shared memory per block holds (choose_stages). A stage is TILE_BYTES of K and
+# with each count of TENSOR_CORE_STAGES and runs the deepest that the device's shared memory per
+# block holds (choose_stages). A stage is TILE_BYTES of K and
 # TILE_BYTES of V (decode_stream.cuh KvTile: swizzled rows on tensor cores, rows padded by 16 bytes
 # on CUDA cores).
 CUDA_CORE_STAGES = 2
@@ -109,16 +109,13 @@ def tensor_core_smem_bytes(stages: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def choose_stages(kernel: str, max_smem_per_block: int, blocks: int, sms: int) -> int:
-    """The ring's stages for `kernel` (one of KERNELS) on a grid of `blocks` blocks and a GPU of
-    `sms` SMs: CUDA_CORE_STAGES on CUDA cores; on tensor cores the most of TENSOR_CORE_STAGES whose
-    tiles fit max_smem_per_block bytes (3 on every GPU with cp.async: 96 KB), but only where the
-    grid has more blocks than SMs. With one block per SM or fewer the README's measurement found
-    the deeper ring no faster (slower on a paged cache): 2 there."""
+def choose_stages(kernel: str, max_smem_per_block: int) -> int:
+    """The ring's stages for `kernel` (one of KERNELS): CUDA_CORE_STAGES on CUDA cores; on tensor
+    cores the most of TENSOR_CORE_STAGES whose tiles fit max_smem_per_block bytes (3 on every GPU
+    with cp.async: 96 KB), whatever the grid (README "Swizzled tiles: every sector read once": with
+    the tiles aligned, the third stage pays with one block per SM too)."""
     if kernel != "tensor_cores":
         return CUDA_CORE_STAGES
-    if blocks <= sms:
-        return min(TENSOR_CORE_STAGES)
     fits = [s for s in TENSOR_CORE_STAGES if tensor_core_smem_bytes(s) <= max_smem_per_block]
     return max(fits, default=min(TENSOR_CORE_STAGES))
 
@@ -324,7 +321,7 @@ def attention(q, k_cache, v_cache, cache_lengths, page_table=None, scale: float 
     if num_splits is None:
         num_splits = choose_num_splits(blocks, capacity, sm_count(device), page_table is not None)
     if stages is None:
-        stages = choose_stages(kernel, smem_per_block(device), blocks * num_splits, sm_count(device))
+        stages = choose_stages(kernel, smem_per_block(device))
     out, lse = load().attention(q.contiguous(), k_cache, v_cache, cache_lengths, page_table, float(scale),
                                 num_splits, block_rows, kernel == "tensor_cores", stages, fused_merge)
     return (out, lse) if return_lse else out

@@ -19,8 +19,8 @@
 // finishes its row group last then merges the splits (merge_if_last).
 //
 // K and V stream through a ring of kStages stages of swizzled tiles (decode_stream.cuh KvTile): 3
-// where the device lets a block hold them and the grid has more blocks than SMs, so that the copies
-// of two tiles (64 KB) are in flight while one is used, and of three while the block waits. The
+// where the device lets a block hold them, so that the copies of two tiles (64 KB) are in flight
+// while one is used, and of three while the block waits. The
 // arithmetic (README "More bytes in flight: a deeper ring"): a stage is 16 KB of K and 16 KB of V
 // (D = 64 and 128, FP16 and BF16 alike), so a block takes
 //     stages   shared memory
@@ -30,11 +30,10 @@
 //       4       128 KB     sm_80 and sm_90 only, one block per SM (sm_90: 228 KB per SM, 1 KB of
 //                          it reserved per block)
 // Both 2 and 3 are compiled (decode.h tensor_core_stages); decode/__init__.py's choose_stages
-// picks the deepest that fits the device's limit per block on a grid of more blocks than SMs, and
-// 2 on a grid of one block per SM or fewer. Four stages would give a lone block one more tile in
-// flight and cost sm_90 the second block per SM (at B = 64 the grid's 512 blocks are two waves of
-// 264, not four of 132, and one block's set-up and final merge no longer hide behind the other's
-// copies).
+// picks the deepest that fits the device's limit per block. Four stages would give a lone block
+// one more tile in flight and cost sm_90 the second block per SM (at B = 64 the grid's 512 blocks
+// are two waves of 264, not four of 132, and one block's set-up and final merge no longer hide
+// behind the other's copies).
 #include <cmath>
 
 #include "../tensor_cores/tc_mma.cuh"  // tc::ldmatrix_x4(_trans), tc::mma_16816, tc::pack2, tc::exp2_approx

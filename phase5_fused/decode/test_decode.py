@@ -479,26 +479,20 @@ RESERVED_PER_BLOCK = 1024
 
 
 def test_stage_choice():
-    """The ring of the tensor-core kernel: on a grid of more blocks than SMs, the deepest of
-    TENSOR_CORE_STAGES that the device's shared memory per block holds (3 on sm_80, sm_86 / sm_89
-    and sm_90); 2 on a grid of one block per SM or fewer, or where 3 do not fit; CUDA cores keep 2."""
+    """The ring of the tensor-core kernel: the deepest of TENSOR_CORE_STAGES that the device's
+    shared memory per block holds (3 on sm_80, sm_86 / sm_89 and sm_90), 2 where 3 do not fit;
+    CUDA cores keep 2."""
     # 16 KB of K and of V per stage, swizzled rows without padding: 32 KB whatever D and the dtype.
     assert decode.tensor_core_smem_bytes(2) == 64 * 1024
     assert decode.tensor_core_smem_bytes(3) == 96 * 1024
-    sms = 132
-
-    def choose(arch, blocks=512):
-        return decode.choose_stages("tensor_cores", SMEM[arch][0], blocks, sms)
-
-    assert choose("sm_90") == choose("sm_80") == choose("sm_86") == max(decode.TENSOR_CORE_STAGES) == 3
-    assert choose("sm_90", blocks=sms) == choose("sm_90", blocks=8) == 2  # one block per SM or fewer
-    assert decode.choose_stages("tensor_cores", 64 * 1024, 512, sms) == 2  # three stages do not fit
-    assert decode.choose_stages("tensor_cores", 0, 512, sms) == min(decode.TENSOR_CORE_STAGES)
+    for arch in SMEM:
+        assert decode.choose_stages("tensor_cores", SMEM[arch][0]) == max(decode.TENSOR_CORE_STAGES) == 3
+        assert decode.choose_stages("cuda_cores", SMEM[arch][0]) == decode.CUDA_CORE_STAGES == 2
+    assert decode.choose_stages("tensor_cores", 64 * 1024) == 2  # three stages do not fit
+    assert decode.choose_stages("tensor_cores", 0) == min(decode.TENSOR_CORE_STAGES)
     # The deepest ring still leaves sm_90 two blocks per SM (a fourth stage would not).
     assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(3) + RESERVED_PER_BLOCK) == 2
     assert SMEM["sm_90"][1] // (decode.tensor_core_smem_bytes(4) + RESERVED_PER_BLOCK) == 1
-    for arch in SMEM:
-        assert decode.choose_stages("cuda_cores", SMEM[arch][0], 512, sms) == decode.CUDA_CORE_STAGES == 2
 
 
 def test_rows_per_block_chunks_evenly():
