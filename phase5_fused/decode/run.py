@@ -10,6 +10,8 @@
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
    reads K and V once). A backend that refuses enable_gqa is recorded under "skipped", with why,
    and timed on K and V copied per query head instead (rows marked kv_expanded).
+   The rows on the contiguous cache are timed in turns (utils.bench.time_in_turns: each round takes
+   one sample of each), the paged row and the split-count sweep on their own after them.
    At B = 1, each kernel of one step of phase5_decode, sdpa_flash and sdpa_cudnn timed by
    torch.profiler (the mean over PROFILED_CALLS calls back to back; rows with op "kernel").
    At the points SPLIT_POINTS, phase5_decode at each split count of SPLIT_COUNTS (rows with op
@@ -117,21 +119,27 @@ def to_pages(k, v, page_size: int, seed: int):
 # Benchmark
 
 
-def decode_row(impl, fn, args, B, S, ref=None, **extra) -> dict:
+def decode_row(impl, ms, B, S, out=None, ref=None, **extra) -> dict:
+    """One row of the sweep: `impl` took `ms` on the point (B, S); its error against `ref`."""
     from utils import roofline
-    from utils.bench import time_cuda
     from utils.testing import rel_error
 
-    ms = time_cuda(lambda: fn(*args))
     kv_bytes = 2.0 * B * H_KV * S * D * 2
     flops = roofline.attention_flops(B, H, SQ, S, D)
     row = {"impl": impl, "op": "decode", "B": B, "H": H, "H_kv": H_KV, "Sq": SQ, "Sk": S, "D": D,
            "dtype": "float16", "causal": False, "ms": ms, "gbps": roofline.gbps(kv_bytes, ms),
            "tflops": roofline.tflops(flops, ms), "flop_per_byte": flops / kv_bytes, **extra}
     if ref is not None:
-        row["rel_err"] = rel_error(fn(*args), ref)
+        row["rel_err"] = rel_error(out, ref)
     print(f"    {impl:<20} B={B:<3} S={S:<6} {ms * 1e3:9.1f} us  {row['gbps']:7.0f} GB/s", flush=True)
     return row
+
+
+def timed_row(impl, fn, args, B, S, ref=None, **extra) -> dict:
+    """decode_row of fn(*args), timed on its own."""
+    from utils.bench import time_cuda
+
+    return decode_row(impl, time_cuda(lambda: fn(*args)), B, S, fn(*args) if ref is not None else None, ref, **extra)
 
 
 def kernel_rows(impl, fn, args, B, S) -> list[dict]:
@@ -149,7 +157,7 @@ def kernel_rows(impl, fn, args, B, S) -> list[dict]:
 
 def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
     from utils import reference
-    from utils.bench import sweep, time_cuda
+    from utils.bench import sweep, time_in_turns
 
     skipped: dict = {}
     configs = [{"S": S, "B": B} for S in cache_lens for B in batches
@@ -171,23 +179,18 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         sms = decode.sm_count(torch.cuda.current_device())
         splits = decode.choose_num_splits(blocks, S, sms)
         paged_splits = decode.choose_num_splits(blocks, S, sms, paged=True)
-        # A timing discarded: the first one after a point's tensors are allocated ran slow (README:
-        # "The merge inside the split kernel"), and it would fall on whichever row comes first.
-        time_cuda(lambda: ours(q, k, v, lengths))
-        rows = [decode_row("phase5_decode", ours, (q, k, v, lengths), B, S, ref, num_splits=splits),
-                decode_row("phase5_decode_cuda_cores", ours_cuda_cores, (q, k, v, lengths), B, S, ref,
-                           num_splits=splits)]
-        profiled = [("phase5_decode", ours)]
+        # The implementations on the contiguous cache, timed in turns (one sample of each per round):
+        # name -> (fn, args, extra row fields).
+        contiguous = {"phase5_decode": (ours, (q, k, v, lengths), {"num_splits": splits}),
+                      "phase5_decode_cuda_cores": (ours_cuda_cores, (q, k, v, lengths), {"num_splits": splits})}
         if splits > 1:
-            rows.append(decode_row("phase5_decode_merge_kernel", ours_merge_kernel, (q, k, v, lengths), B, S, ref,
-                                   num_splits=splits))
-            profiled.append(("phase5_decode_merge_kernel", ours_merge_kernel))
-        rows.append(decode_row("torch_naive", torch_naive, (q, k, v, lengths), B, S, ref))
+            contiguous["phase5_decode_merge_kernel"] = (ours_merge_kernel, (q, k, v, lengths), {"num_splits": splits})
+        contiguous["torch_naive"] = (torch_naive, (q, k, v, lengths), {})
         for name in SDPA:
             fn = sdpa_gqa(name)
             try:
-                rows.append(decode_row(name, fn, (q, k, v, lengths), B, S, ref))
-                profiled.append((name, fn))
+                fn(q, k, v)
+                contiguous[name] = (fn, (q, k, v, lengths), {})
                 continue
             except RuntimeError as exc:
                 skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
@@ -196,11 +199,17 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
             # the timing; the step then reads H / H_kv times the bytes), marked kv_expanded.
             try:
                 k_e, v_e = (x.repeat_interleave(H // H_KV, dim=1) for x in (k, v))
-                rows.append(decode_row(name, fn, (q, k_e, v_e, lengths), B, S, ref, kv_expanded=True))
+                contiguous[name] = (fn, (q, k_e, v_e, lengths), {"kv_expanded": True})
             except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                 skipped[f"{name} expanded B={B} S={S}"] = str(exc).splitlines()[0][:200]
             k_e = v_e = None
-            torch.cuda.empty_cache()
+        times = time_in_turns({name: lambda fn=fn, args=args: fn(*args) for name, (fn, args, _) in contiguous.items()})
+        rows = [decode_row(name, times[name], B, S, fn(*args) if ref is not None else None, ref, **extra)
+                for name, (fn, args, extra) in contiguous.items()]
+        profiled = [(name, contiguous[name][0]) for name in ("phase5_decode", "phase5_decode_merge_kernel", *SDPA)
+                    if name in contiguous and not contiguous[name][2].get("kv_expanded")]
+        contiguous = None
+        torch.cuda.empty_cache()
         del ref
         if B in PROFILED_BATCHES:
             for impl, impl_fn in profiled:
@@ -211,8 +220,8 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         del k, v
         torch.cuda.empty_cache()
         paged = lambda q_, k_, v_, n_: decode.attention(q_, k_, v_, n_, page_table=table)  # noqa: E731
-        rows.append(decode_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,
-                               num_splits=paged_splits, page_size=PAGE_SIZE))
+        rows.append(timed_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,
+                              num_splits=paged_splits, page_size=PAGE_SIZE))
         del q, k_pages, v_pages, table
         torch.cuda.empty_cache()
         return rows
@@ -224,8 +233,8 @@ def split_rows(args, B, S, chosen: int) -> list[dict]:
     """phase5_decode at every split count of SPLIT_COUNTS a split of MIN_KEYS_PER_SPLIT keys allows
     (op "splits"): the measurement the split heuristic is judged by (`chosen`: its count here)."""
     counts = [n for n in SPLIT_COUNTS if n <= max(1, S // decode.MIN_KEYS_PER_SPLIT)]
-    return [decode_row("phase5_decode", lambda *a, n=n: decode.attention(*a, num_splits=n), args, B, S,
-                       op="splits", num_splits=n, chosen=n == chosen) for n in counts]
+    return [timed_row("phase5_decode", lambda *a, n=n: decode.attention(*a, num_splits=n), args, B, S,
+                      op="splits", num_splits=n, chosen=n == chosen) for n in counts]
 
 
 def prefill_row() -> dict:
