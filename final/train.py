@@ -22,7 +22,9 @@ run allocated beyond the weights.
 Every model is trained twice from the same weights on the same batches: eagerly, and with the step
 captured in a CUDA graph after the warm-up (GraphedTrainStep, AdamW with capturable=True), which
 replays its kernels without the CPU's per-op cost. The graph columns (graph_ms, graph_tokens_per_s,
-graph_final_loss) are the second run's: the time the GPU needs for a step.
+graph_final_loss) are the second run's: the time the GPU needs for a step. host_ms is the eager
+run's other side: the CPU's time to issue one step with the GPU idle (host_ms_per_step), so the two
+models' per-op costs compare on the host they ran on.
 
 Data: a synthetic byte corpus (synthetic_corpus: words of a fixed random dictionary, drawn with
 Zipf frequencies and separated by spaces) unless --text names a local text file; each step reads
@@ -38,6 +40,7 @@ measured.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -49,6 +52,7 @@ RESULTS_PATH = HERE / "results" / "training.json"
 QUICK_PATH = HERE / "results" / "quick" / "training.json"
 
 STEPS, BATCH, SEQ, WARMUP = 200, 8, 1024, 5
+HOST_STEPS = 20  # eager steps after the timed ones whose issue time on the CPU is taken (host_ms_per_step)
 QUICK = {"steps": 12, "batch": 2, "seq": 256, "warmup": 2}
 LR, BETAS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 0.1
 CORPUS_BYTES = 1 << 22
@@ -191,9 +195,25 @@ def run_steps(impl: str, data: torch.Tensor, warmup: int, graph: bool) -> dict:
 
     ms = timed_call(timed_steps)[1] / (steps - warmup)
     result = {"losses": losses.tolist(), "ms": ms, "peak_mb": (torch.cuda.max_memory_allocated() - before) / 2**20}
+    if not graph:
+        result["host_ms"] = host_ms_per_step(step, data[warmup:warmup + HOST_STEPS])
     del model, optimizer, step
     torch.cuda.empty_cache()
     return result
+
+
+def host_ms_per_step(step, data: torch.Tensor) -> float:
+    """The CPU's time to issue one step (median over data's batches, the GPU drained before each, so
+    no launch waits for a free slot in the queue): what an eager step costs the host, apart from the
+    GPU's time. Taken after the timed steps; the model trains on these batches again."""
+    times = []
+    for idx in data:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(idx)
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
@@ -211,9 +231,9 @@ def train(impl: str, data: torch.Tensor, warmup: int) -> dict:
     row = {"impl": impl, "op": "train", "B": B, "S": S, "dtype": IMPLS[impl][0], "steps": steps,
            "timed_steps": steps - warmup, "ms": eager["ms"],
            "tokens_per_s": B * S / (eager["ms"] * 1e-3), "first_loss": curve[0], "final_loss": tail_mean(curve),
-           "peak_mb": eager["peak_mb"], "graph_ms": graphed["ms"],
+           "peak_mb": eager["peak_mb"], "host_ms": eager["host_ms"], "graph_ms": graphed["ms"],
            "graph_tokens_per_s": B * S / (graphed["ms"] * 1e-3), "graph_final_loss": tail_mean(graphed["losses"])}
-    print(f"  {impl:16s} {row['ms']:8.2f} ms/step {row['tokens_per_s']:12,.0f} tok/s  "
+    print(f"  {impl:16s} {row['ms']:8.2f} ms/step {row['tokens_per_s']:12,.0f} tok/s  host {row['host_ms']:.2f} ms  "
           f"graph {row['graph_ms']:.2f} ms/step  loss {curve[0]:.3f} -> {row['final_loss']:.3f} "
           f"(graph {row['graph_final_loss']:.3f})  peak {row['peak_mb']:.0f} MB", flush=True)
     return {"row": row, "curve": [{"impl": impl, "dtype": IMPLS[impl][0], "step": n, "loss": v}
