@@ -2,9 +2,10 @@
 
 1. One decoding step in FP16 (Sq = 1 new token, H = 32 query heads, H_kv = 8 KV heads, D = 128) on
    a full cache of S in {4K, 32K, 128K} keys, batch B in {1, 16, 64} (points whose K and V pass
-   MAX_KV_SHARE of the GPU's memory are skipped): phase5_decode on the contiguous cache (the default split kernel, on
-   tensor cores, merging its splits itself), phase5_decode_merge_kernel where the step has several
-   splits (the same split kernel followed by the merge kernel: fused_merge=False),
+   MAX_KV_SHARE of the GPU's memory are skipped): phase5_decode on the contiguous cache (the
+   default split kernel, on tensor cores, merging its splits itself), phase5_decode_merge_kernel
+   where the step has several splits (the same split kernel followed by the merge kernel:
+   fused_merge=False),
    phase5_decode_cuda_cores (the CUDA-core split kernel), phase5_decode_paged on the same
    values in shuffled pages of PAGE_SIZE keys, torch SDPA's flash and cuDNN backends with
    enable_gqa=True on the contiguous cache, and torch_naive (a grouped matmul, softmax, matmul that
@@ -168,8 +169,9 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
     for S in cache_lens:
         for B in batches:
             if 2 * B * H_KV * S * D * 2 > max_kv_bytes:
+                gpu_gb = max_kv_bytes / MAX_KV_SHARE / 1e9
                 skipped[f"B={B} S={S}"] = (f"K and V take {2 * B * H_KV * S * D * 2 / 1e9:.0f} GB "
-                                           f"(> {MAX_KV_SHARE:.0%} of the GPU's {max_kv_bytes / MAX_KV_SHARE / 1e9:.0f} GB)")
+                                           f"(> {MAX_KV_SHARE:.0%} of the GPU's {gpu_gb:.0f} GB)")
 
     def run_config(c):
         S, B = c["S"], c["B"]
