@@ -46,6 +46,17 @@ def test_train_step_lowers_the_loss_on_cpu():
     assert losses[-1] < losses[0] - 0.3, losses
 
 
+def test_host_time_is_the_median_issue_time_with_the_gpu_drained(monkeypatch):
+    """host_ms_per_step: one step per batch, each timed alone after a drain, the median in ms."""
+    clock = iter([0.0, 0.004, 1.0, 1.002, 2.0, 2.009])  # three steps: 4, 2 and 9 ms
+    events = []
+    monkeypatch.setattr(T.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(T.torch.cuda, "synchronize", lambda: events.append("drain"))
+    ms = T.host_ms_per_step(lambda idx: events.append(int(idx)), torch.tensor([7, 8, 9]))
+    assert ms == pytest.approx(4.0)
+    assert events == ["drain", 7, "drain", 8, "drain", 9, "drain"]
+
+
 def test_without_a_gpu_nothing_is_trained(capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU path")
