@@ -123,18 +123,23 @@ def to_pages(k, v, page_size: int, seed: int):
 # Benchmark
 
 
-def decode_row(impl, ms, B, S, out=None, ref=None, **extra) -> dict:
-    """One row of the sweep: `impl` took `ms` on the point (B, S); its error against `ref`."""
+def kv_bytes(B: int, S: int) -> float:
+    """The bytes a decoding step must read: K and V, [B, H_kv, S, D] each, FP16."""
+    return 2.0 * B * H_KV * S * D * 2
+
+
+def decode_row(impl, ms, B, S, call=None, ref=None, **extra) -> dict:
+    """One row of the sweep: `impl` took `ms` on the point (B, S); the error of call() against `ref`."""
     from utils import roofline
     from utils.testing import rel_error
 
-    kv_bytes = 2.0 * B * H_KV * S * D * 2
+    nbytes = kv_bytes(B, S)
     flops = roofline.attention_flops(B, H, SQ, S, D)
     row = {"impl": impl, "op": "decode", "B": B, "H": H, "H_kv": H_KV, "Sq": SQ, "Sk": S, "D": D,
-           "dtype": "float16", "causal": False, "ms": ms, "gbps": roofline.gbps(kv_bytes, ms),
-           "tflops": roofline.tflops(flops, ms), "flop_per_byte": flops / kv_bytes, **extra}
+           "dtype": "float16", "causal": False, "ms": ms, "gbps": roofline.gbps(nbytes, ms),
+           "tflops": roofline.tflops(flops, ms), "flop_per_byte": flops / nbytes, **extra}
     if ref is not None:
-        row["rel_err"] = rel_error(out, ref)
+        row["rel_err"] = rel_error(call(), ref)
     print(f"    {impl:<20} B={B:<3} S={S:<6} {ms * 1e3:9.1f} us  {row['gbps']:7.0f} GB/s", flush=True)
     return row
 
@@ -143,7 +148,8 @@ def timed_row(impl, fn, args, B, S, ref=None, **extra) -> dict:
     """decode_row of fn(*args), timed on its own."""
     from utils.bench import time_cuda
 
-    return decode_row(impl, time_cuda(lambda: fn(*args)), B, S, fn(*args) if ref is not None else None, ref, **extra)
+    call = lambda: fn(*args)  # noqa: E731
+    return decode_row(impl, time_cuda(call), B, S, call, ref, **extra)
 
 
 def kernel_rows(impl, fn, args, B, S) -> list[dict]:
@@ -164,14 +170,13 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
     from utils.bench import sweep, time_in_turns
 
     skipped: dict = {}
-    max_kv_bytes = MAX_KV_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    configs = [{"S": S, "B": B} for S in cache_lens for B in batches if 2 * B * H_KV * S * D * 2 <= max_kv_bytes]
+    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    configs = [{"S": S, "B": B} for S in cache_lens for B in batches if kv_bytes(B, S) <= MAX_KV_SHARE * gpu_bytes]
     for S in cache_lens:
         for B in batches:
-            if 2 * B * H_KV * S * D * 2 > max_kv_bytes:
-                gpu_gb = max_kv_bytes / MAX_KV_SHARE / 1e9
-                skipped[f"B={B} S={S}"] = (f"K and V take {2 * B * H_KV * S * D * 2 / 1e9:.0f} GB "
-                                           f"(> {MAX_KV_SHARE:.0%} of the GPU's {gpu_gb:.0f} GB)")
+            if kv_bytes(B, S) > MAX_KV_SHARE * gpu_bytes:
+                skipped[f"B={B} S={S}"] = (f"K and V take {kv_bytes(B, S) / 1e9:.0f} GB "
+                                           f"(> {MAX_KV_SHARE:.0%} of the GPU's {gpu_bytes / 1e9:.0f} GB)")
 
     def run_config(c):
         S, B = c["S"], c["B"]
@@ -187,16 +192,17 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
         paged_splits = decode.choose_num_splits(blocks, S, sms, paged=True)
         # The implementations on the contiguous cache, timed in turns (one sample of each per round):
         # name -> (fn, args, extra row fields).
-        contiguous = {"phase5_decode": (ours, (q, k, v, lengths), {"num_splits": splits}),
-                      "phase5_decode_cuda_cores": (ours_cuda_cores, (q, k, v, lengths), {"num_splits": splits})}
+        kv_args = (q, k, v, lengths)
+        contiguous = {"phase5_decode": (ours, kv_args, {"num_splits": splits}),
+                      "phase5_decode_cuda_cores": (ours_cuda_cores, kv_args, {"num_splits": splits})}
         if splits > 1:
-            contiguous["phase5_decode_merge_kernel"] = (ours_merge_kernel, (q, k, v, lengths), {"num_splits": splits})
-        contiguous["torch_naive"] = (torch_naive, (q, k, v, lengths), {})
+            contiguous["phase5_decode_merge_kernel"] = (ours_merge_kernel, kv_args, {"num_splits": splits})
+        contiguous["torch_naive"] = (torch_naive, kv_args, {})
         for name in SDPA:
             fn = sdpa_gqa(name)
             try:
                 fn(q, k, v)
-                contiguous[name] = (fn, (q, k, v, lengths), {})
+                contiguous[name] = (fn, kv_args, {})
                 continue
             except RuntimeError as exc:
                 skipped[f"{name} B={B} S={S}"] = str(exc).splitlines()[0][:200]
@@ -209,21 +215,22 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
             except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                 skipped[f"{name} expanded B={B} S={S}"] = str(exc).splitlines()[0][:200]
             k_e = v_e = None
-        times = time_in_turns({name: lambda fn=fn, args=args: fn(*args) for name, (fn, args, _) in contiguous.items()})
-        rows = [decode_row(name, times[name], B, S, fn(*args) if ref is not None else None, ref, **extra)
-                for name, (fn, args, extra) in contiguous.items()]
+        calls = {name: lambda fn=fn, args=args: fn(*args) for name, (fn, args, _) in contiguous.items()}
+        times = time_in_turns(calls)
+        rows = [decode_row(name, times[name], B, S, calls[name], ref, **extra)
+                for name, (_, _, extra) in contiguous.items()]
         profiled = [(name, contiguous[name][0]) for name in ("phase5_decode", "phase5_decode_merge_kernel", *SDPA)
                     if name in contiguous and not contiguous[name][2].get("kv_expanded")]
-        contiguous = None
+        contiguous = calls = None
         torch.cuda.empty_cache()
         del ref
         if B in PROFILED_BATCHES:
             for impl, impl_fn in profiled:
-                rows += kernel_rows(impl, impl_fn, (q, k, v, lengths), B, S)
+                rows += kernel_rows(impl, impl_fn, kv_args, B, S)
         if (S, B) in SPLIT_POINTS:
-            rows += split_rows((q, k, v, lengths), B, S, splits)
+            rows += split_rows(kv_args, B, S, splits)
         k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
-        del k, v
+        del k, v, kv_args
         torch.cuda.empty_cache()
         paged = lambda q_, k_, v_, n_: decode.attention(q_, k_, v_, n_, page_table=table)  # noqa: E731
         rows.append(timed_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,
