@@ -13,22 +13,25 @@
 //
 // Two reductions, two shapes:
 //   - ds needs two sums along its row (mean(g), mean(g * xhat)): one team per row, a warp (rows of
-//     up to 512 elements) or a block, like the forward, the row held in registers.
+//     up to 512 elements) or several warps, the row held in registers.
 //   - dgamma / dbeta need sums down each column, over every row. Each team walks many rows
 //     (row = team, team + teams, ...), always holding the same columns, so it adds its rows' dy * xhat
-//     and dy into registers; at the end each block writes one row of partial sums (the warps of a
-//     block add theirs in shared memory first) (pass 1). A second kernel adds the partial rows of
-//     each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and dbeta are
-//     the same bits on every run.
+//     and dy into registers. A block holds as many teams as fit in 16 warps, one block per SM; at
+//     the end its teams add their sums in a fixed tree in shared memory and the block writes one
+//     row of partial sums (pass 1): about one partial row per SM. A second kernel adds the partial
+//     rows of each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and
+//     dbeta are the same bits on every run.
 //
 // Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
 // a pointer is not 16-byte aligned):
 //   1. ln_backward_cached_kernel<.., kWarpPerRow = true>: a warp per row, up to 16 elements per
-//      lane (hidden <= 512), warp shuffles only.
-//   2. ln_backward_cached_kernel<.., kWarpPerRow = false>: a block per row, 16 elements per
-//      thread, up to 512 threads (hidden <= 8192). Four arrays of row live in registers (s, dy,
-//      and the two column sums): 16 elements each is about 64 registers, so a 512-thread block
-//      stays within its 128 registers per thread without spilling (the forward holds one array).
+//      lane (hidden <= 512), warp shuffles only; 16 teams per block.
+//   2. ln_backward_cached_kernel<.., kWarpPerRow = false>: a team of warps per row, 16 elements
+//      per thread, up to 512 threads (hidden <= 8192), its sums through shared memory and a named
+//      barrier of its own (bar.sync id, threads: the block's other teams do not wait); as many
+//      teams per block as fit in 16 warps. Four arrays of row live in registers (s, dy, and the two
+//      column sums): 16 elements each is about 64 registers, so a 512-thread block stays within
+//      its 128 registers per thread without spilling (the forward holds one array).
 //   3. ln_backward_streaming_kernel: a block per row for longer rows; reads the row from memory in
 //      each of its four passes (all but the first from L2) and keeps its column partial sums in
 //      its own row of the partials buffer.
@@ -50,11 +53,13 @@
 namespace phase6 {
 namespace {
 
-constexpr int kWarpTeamsPerBlock = 4;  // version 1: 4 warps (teams) per 128-thread block
 constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per thread
-constexpr int kMaxBlockThreads = 512;  // version 2
+constexpr int kBlockThreads = 512;     // versions 1 and 2: teams per block, as many as fit; a team at most this
 constexpr int kStreamingThreads = 512; // version 3
-constexpr int kWarpsPerSM = 16;        // teams in flight: about 16 warps per SM (a memory-bound kernel)
+constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a memory-bound kernel), one block
+// Versions 1 and 2, step 4: the shared memory of the teams' tree. A round stores the column sums of
+// at most half the block's teams; teams * hidden <= kBlockThreads * kRowElems in both versions.
+constexpr int kTreeFloats = kBlockThreads * kRowElems / 2;
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
@@ -64,29 +69,47 @@ constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sum
 template <typename T, int VEC>
 constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 
-template <bool kWarpPerRow>
-__device__ __forceinline__ float team_sum(float v, float* scratch) {
-  if constexpr (kWarpPerRow) return course::warp_reduce_sum(v);
-  else return course::block_reduce_sum(v, scratch);
+// The threads of one team wait for each other, not for the block's other teams: barrier `id`
+// (1..15; 0 is __syncthreads') of `threads` threads.
+__device__ __forceinline__ void team_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Versions 1, 2 and 4. partial_dgamma / partial_dbeta: [gridDim.x, hidden] FP32, or nullptr (no
-// parameter gradients); gamma, dsum may be nullptr.
+// The sum of v over a team: a warp's shuffles, or the team's warps' sums through scratch (one float
+// per warp of the block; a team uses its own warps' slots) between two barriers of the team (the
+// second lets the next sum reuse the slots).
+template <bool kWarpPerRow>
+__device__ __forceinline__ float team_sum(float v, float* scratch, int team_in_block, int team_size) {
+  v = course::warp_reduce_sum(v);
+  if constexpr (kWarpPerRow) return v;
+  const int lane = threadIdx.x % course::kWarpSize;
+  const int team_warps = team_size / course::kWarpSize;
+  float* slots = scratch + team_in_block * team_warps;
+  if (lane == 0) slots[threadIdx.x % team_size / course::kWarpSize] = v;
+  team_barrier(1 + team_in_block, team_size);
+  v = course::warp_reduce_sum(lane < team_warps ? slots[lane] : 0.0f);
+  team_barrier(1 + team_in_block, team_size);
+  return v;
+}
+
+// Versions 1, 2 and 4. team_threads: the threads of a team (version 2; version 1's is a warp);
+// the block is blockDim.x / team_threads teams. partial_dgamma / partial_dbeta: [gridDim.x, hidden]
+// FP32, or nullptr (no parameter gradients); gamma, dsum may be nullptr.
 template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
-__global__ void __launch_bounds__(kWarpPerRow ? kWarpTeamsPerBlock * course::kWarpSize : kMaxBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
                           const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
-                          float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps) {
+                          float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps,
+                          int team_threads) {
   constexpr int NV = kRowElems / VEC;  // chunks per thread
   static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
-  __shared__ float scratch[course::kWarpSize];
-  const int team_size = kWarpPerRow ? course::kWarpSize : blockDim.x;
-  const int rank = kWarpPerRow ? threadIdx.x % course::kWarpSize : threadIdx.x;
-  const int64_t team = kWarpPerRow
-      ? static_cast<int64_t>(blockIdx.x) * (blockDim.x / course::kWarpSize) + threadIdx.x / course::kWarpSize
-      : static_cast<int64_t>(blockIdx.x);
-  const int64_t teams = kWarpPerRow ? static_cast<int64_t>(gridDim.x) * (blockDim.x / course::kWarpSize)
-                                    : static_cast<int64_t>(gridDim.x);
+  __shared__ float scratch[kBlockThreads / course::kWarpSize];
+  const int team_size = kWarpPerRow ? course::kWarpSize : team_threads;
+  const int teams_per_block = blockDim.x / team_size;
+  const int team_in_block = threadIdx.x / team_size;
+  const int rank = threadIdx.x % team_size;
+  const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
+  const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
   const int64_t chunks = hidden / VEC;
   const float n = static_cast<float>(hidden);
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
@@ -136,7 +159,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       }
     }
     if (kPrefetch && row + teams < rows) fetch(row + teams);
-    const float mean_d = team_sum<kWarpPerRow>(local, scratch) / n;
+    const float mean_d = team_sum<kWarpPerRow>(local, scratch, team_in_block, team_size) / n;
     local = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -149,7 +172,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, scratch) / n + eps);
+    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, scratch, team_in_block, team_size) / n + eps);
 
     // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
     // dy * xhat and dy; the row sums take g and g * xhat.
@@ -172,8 +195,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float mean_g = team_sum<kWarpPerRow>(sum_g, scratch) / n;
-    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, scratch) / n;
+    const float mean_g = team_sum<kWarpPerRow>(sum_g, scratch, team_in_block, team_size) / n;
+    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, scratch, team_in_block, team_size) / n;
 
     // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored.
 #pragma unroll
@@ -189,46 +212,51 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     }
   }
 
-  // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. A block without
-  // rows writes zeros, so pass 2 may add every row of the buffer.
+  // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. The block's teams
+  // hold the same columns; of n teams, the last n / 2 store theirs in shared memory and the first
+  // n / 2 add them, until team 0 holds the block's sums (a fixed tree). A block without rows
+  // writes zeros, so pass 2 may add every row of the buffer.
   if (partial_dgamma == nullptr) return;  // uniform over the grid
-  float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
-  float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
-  if constexpr (kWarpPerRow) {
-    // The block's warps hold the same columns: their sums meet in shared memory, added in warp order.
-    __shared__ float cols[2][kWarpTeamsPerBlock][kRowElems * course::kWarpSize];
-    const int warp = threadIdx.x / course::kWarpSize;
+  __shared__ float tree[2][kTreeFloats];
+  for (int n = teams_per_block; n > 1; n = (n + 1) / 2) {
+    const int half = (n + 1) / 2;  // teams [half, n) store, teams [0, n - half) add
+    const bool stores = team_in_block >= half && team_in_block < n, adds = team_in_block < n - half;
+    const int64_t slot = static_cast<int64_t>(stores ? team_in_block - half : team_in_block) * hidden;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-      if (c < chunks) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          cols[0][warp][c * VEC + e] = acc_dgamma[i][e];
-          cols[1][warp][c * VEC + e] = acc_dbeta[i][e];
+      for (int e = 0; e < VEC; ++e) {
+        if (stores && c < chunks) {
+          tree[0][slot + c * VEC + e] = acc_dgamma[i][e];
+          tree[1][slot + c * VEC + e] = acc_dbeta[i][e];
         }
       }
     }
     __syncthreads();
-    for (int64_t col = threadIdx.x; col < hidden; col += blockDim.x) {
-      float g = 0.0f, b = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarpTeamsPerBlock; ++w) {
-        g += cols[0][w][col];
-        b += cols[1][w][col];
-      }
-      pg[col] = g;
-      pb[col] = b;
-    }
-  } else {
-    // A thread's VEC columns are consecutive: stored in 16-byte pieces (store_floats).
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-      if (c < chunks) {
-        store_floats<VEC>(pg + c * VEC, acc_dgamma[i]);
-        store_floats<VEC>(pb + c * VEC, acc_dbeta[i]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (adds && c < chunks) {
+          acc_dgamma[i][e] += tree[0][slot + c * VEC + e];
+          acc_dbeta[i][e] += tree[1][slot + c * VEC + e];
+        }
       }
+    }
+    __syncthreads();
+  }
+  if (team_in_block != 0) return;
+  // Team 0 stores the row; a thread's VEC columns are consecutive: 16-byte pieces (store_floats).
+  float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
+  float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+    if (c < chunks) {
+      store_floats<VEC>(pg + c * VEC, acc_dgamma[i]);
+      store_floats<VEC>(pb + c * VEC, acc_dbeta[i]);
     }
   }
 }
@@ -373,8 +401,9 @@ enum class Version { kWarp, kBlock, kStreaming };
 
 struct Plan {
   Version version;
-  bool vec;         // 16-byte chunks
-  int threads;      // per block
+  bool vec;          // 16-byte chunks
+  int team_threads;  // versions 1 and 2: the threads of a row's team
+  int threads;       // per block
   int64_t blocks;
   int64_t partial_rows;  // rows of partial sums: one per block
 };
@@ -388,16 +417,16 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
   const int64_t warp = course::kWarpSize;
   Plan p{};
   p.vec = vec;
-  if (hidden <= kRowElems * warp) {
-    p.version = Version::kWarp;
-    p.threads = kWarpTeamsPerBlock * course::kWarpSize;
-    p.blocks = std::min(course::ceil_div<int64_t>(rows, kWarpTeamsPerBlock),
-                        course::ceil_div<int64_t>(warps_in_flight, kWarpTeamsPerBlock));
-    p.partial_rows = p.blocks;
-  } else if (hidden <= kRowElems * kMaxBlockThreads) {
-    p.version = Version::kBlock;
-    p.threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
-    p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (p.threads / warp)));
+  if (hidden <= kRowElems * kBlockThreads) {
+    // Versions 1 and 2: a team of 16 elements per thread, in whole warps; as many teams per block as
+    // fit in kBlockThreads, fewer when there are too few rows to give every SM a block.
+    p.version = hidden <= kRowElems * warp ? Version::kWarp : Version::kBlock;
+    p.team_threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
+    const int64_t max_teams = kBlockThreads / p.team_threads;
+    const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sm_count()), 1, max_teams);
+    p.threads = static_cast<int>(teams_per_block * p.team_threads);
+    p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
+                        course::ceil_div<int64_t>(warps_in_flight, p.threads / warp));
     p.partial_rows = p.blocks;
   } else {
     p.version = Version::kStreaming;
@@ -415,11 +444,11 @@ void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, cons
   switch (p.version) {
     case Version::kWarp:
       ln_backward_cached_kernel<T, VEC, true, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
-          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
+          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
       break;
     case Version::kBlock:
       ln_backward_cached_kernel<T, VEC, false, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
-          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
+          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
       break;
     case Version::kStreaming:
       ln_backward_streaming_kernel<T, VEC><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,

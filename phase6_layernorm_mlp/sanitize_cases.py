@@ -70,10 +70,12 @@ def _grad64(fn, *tensors, dy):
 
 
 def backward_cases() -> None:
-    # LayerNorm backward: warp (7, 512), block (1000, 8192), streaming (8200, 20000); rows below
-    # and above the number of teams; each dtype, aligned and not, with dsum and gamma.
+    # LayerNorm backward: warp (7, 512), block (1000, 1536, 8192), streaming (8200, 20000); rows
+    # below and above the number of teams (700 rows: blocks of several teams, five of 1536's
+    # three-warp teams, an odd count for the tree); each dtype, aligned and not, with dsum and gamma.
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for rows, hidden in ((5, 7), (3, 512), (2, 1000), (2, 8192), (2, 8200), (1, 20000), (2500, 64)):
+        for rows, hidden in ((5, 7), (3, 512), (2, 1000), (700, 1000), (700, 1536), (2, 8192), (2, 8200), (1, 20000),
+                             (2500, 64)):
             for make in (randn, unaligned):
                 s, dy, dsum = make(rows, hidden, dtype=dtype), make(rows, hidden, dtype=dtype), make(rows, hidden, dtype=dtype)
                 w = randn(hidden, dtype=dtype)

@@ -10,7 +10,7 @@ from utils.testing import assert_close, poisoned_call, randn, requires_gpu, requ
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Warp per row (<= 512), block per row (<= 8192), streaming (longer); odd widths take the scalar path.
-HIDDENS = (1, 7, 31, 512, 513, 768, 1000, 4096, 8192, 8200, 20000)
+HIDDENS = (1, 7, 31, 512, 513, 768, 1000, 1536, 4096, 8192, 8200, 20000)
 # The brief of these tests: FP32 gradients within 1e-4 of float64 (relative norm).
 FP32_GRAD_TOL = 1e-4
 
