@@ -57,9 +57,9 @@ constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per 
 constexpr int kBlockThreads = 512;     // versions 1 and 2: teams per block, as many as fit; a team at most this
 constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a memory-bound kernel), one block
-// Versions 1 and 2, step 4: the shared memory of the teams' tree. A round stores the column sums of
-// at most half the block's teams; teams * hidden <= kBlockThreads * kRowElems in both versions.
-constexpr int kTreeFloats = kBlockThreads * kRowElems / 2;
+// Versions 1 and 2, step 4: the shared memory of the teams' tree. A round stores the kRowElems
+// column sums of each thread of at most half the block's teams.
+constexpr int kTreeFloats = kBlockThreads / 2 * kRowElems;
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
@@ -75,19 +75,17 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The sum of v over a team: a warp's shuffles, or the team's warps' sums through scratch (one float
-// per warp of the block; a team uses its own warps' slots) between two barriers of the team (the
-// second lets the next sum reuse the slots).
+// The sum of v over a team: a warp's shuffles, or the team's warps' sums through `slots` (the
+// team's own floats of shared memory, one per warp; this warp's is slots[warp]) between two
+// barriers of the team (the second lets the next sum reuse the slots).
 template <bool kWarpPerRow>
-__device__ __forceinline__ float team_sum(float v, float* scratch, int team_in_block, int team_size) {
+__device__ __forceinline__ float team_sum(float v, float* slots, int warp, int team_in_block, int team_size) {
   v = course::warp_reduce_sum(v);
   if constexpr (kWarpPerRow) return v;
   const int lane = threadIdx.x % course::kWarpSize;
-  const int team_warps = team_size / course::kWarpSize;
-  float* slots = scratch + team_in_block * team_warps;
-  if (lane == 0) slots[threadIdx.x % team_size / course::kWarpSize] = v;
+  if (lane == 0) slots[warp] = v;
   team_barrier(1 + team_in_block, team_size);
-  v = course::warp_reduce_sum(lane < team_warps ? slots[lane] : 0.0f);
+  v = course::warp_reduce_sum(lane < team_size / course::kWarpSize ? slots[lane] : 0.0f);
   team_barrier(1 + team_in_block, team_size);
   return v;
 }
@@ -108,6 +106,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   const int teams_per_block = blockDim.x / team_size;
   const int team_in_block = threadIdx.x / team_size;
   const int rank = threadIdx.x % team_size;
+  float* slots = scratch + team_in_block * (team_size / course::kWarpSize);  // team_sum's
+  const int warp = rank / course::kWarpSize;                                 // in the team
   const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
   const int64_t chunks = hidden / VEC;
@@ -159,7 +159,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       }
     }
     if (kPrefetch && row + teams < rows) fetch(row + teams);
-    const float mean_d = team_sum<kWarpPerRow>(local, scratch, team_in_block, team_size) / n;
+    const float mean_d = team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n;
     local = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -172,7 +172,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, scratch, team_in_block, team_size) / n + eps);
+    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n + eps);
 
     // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
     // dy * xhat and dy; the row sums take g and g * xhat.
@@ -195,8 +195,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float mean_g = team_sum<kWarpPerRow>(sum_g, scratch, team_in_block, team_size) / n;
-    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, scratch, team_in_block, team_size) / n;
+    const float mean_g = team_sum<kWarpPerRow>(sum_g, slots, warp, team_in_block, team_size) / n;
+    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, slots, warp, team_in_block, team_size) / n;
 
     // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored.
 #pragma unroll
@@ -213,36 +213,31 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   }
 
   // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. The block's teams
-  // hold the same columns; of n teams, the last n / 2 store theirs in shared memory and the first
-  // n / 2 add them, until team 0 holds the block's sums (a fixed tree). A block without rows
-  // writes zeros, so pass 2 may add every row of the buffer.
+  // hold the same columns, thread `rank` of every team the same ones; of n teams, the last n / 2
+  // store theirs in shared memory and the first n / 2 add them, until team 0 holds the block's sums
+  // (a fixed tree). A thread's value k sits at k * team_size + rank of its team's slot: a warp's
+  // 32 stores or loads of one k are 32 consecutive floats, no bank conflict. (Sums of columns past
+  // the row are zeros.) A block without rows writes zeros, so pass 2 may add every row of the buffer.
   if (partial_dgamma == nullptr) return;  // uniform over the grid
   __shared__ float tree[2][kTreeFloats];
   for (int n = teams_per_block; n > 1; n = (n + 1) / 2) {
     const int half = (n + 1) / 2;  // teams [half, n) store, teams [0, n - half) add
     const bool stores = team_in_block >= half && team_in_block < n, adds = team_in_block < n - half;
-    const int64_t slot = static_cast<int64_t>(stores ? team_in_block - half : team_in_block) * hidden;
+    float* slot_g = &tree[0][(stores ? team_in_block - half : team_in_block) * kRowElems * team_size + rank];
+    float* slot_b = &tree[1][(stores ? team_in_block - half : team_in_block) * kRowElems * team_size + rank];
+    if (stores) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        if (stores && c < chunks) {
-          tree[0][slot + c * VEC + e] = acc_dgamma[i][e];
-          tree[1][slot + c * VEC + e] = acc_dbeta[i][e];
-        }
+      for (int k = 0; k < kRowElems; ++k) {
+        slot_g[k * team_size] = acc_dgamma[k / VEC][k % VEC];
+        slot_b[k * team_size] = acc_dbeta[k / VEC][k % VEC];
       }
     }
     __syncthreads();
+    if (adds) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        if (adds && c < chunks) {
-          acc_dgamma[i][e] += tree[0][slot + c * VEC + e];
-          acc_dbeta[i][e] += tree[1][slot + c * VEC + e];
-        }
+      for (int k = 0; k < kRowElems; ++k) {
+        acc_dgamma[k / VEC][k % VEC] += slot_g[k * team_size];
+        acc_dbeta[k / VEC][k % VEC] += slot_b[k * team_size];
       }
     }
     __syncthreads();
