@@ -57,9 +57,6 @@ constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per 
 constexpr int kBlockThreads = 512;     // versions 1 and 2: teams per block, as many as fit; a team at most this
 constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a memory-bound kernel), one block
-// Versions 1 and 2, step 4: the shared memory of the teams' tree. A round stores the kRowElems
-// column sums of each thread of at most half the block's teams.
-constexpr int kTreeFloats = kBlockThreads / 2 * kRowElems;
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
@@ -92,7 +89,8 @@ __device__ __forceinline__ float team_sum(float v, float* slots, int warp, int t
 
 // Versions 1, 2 and 4. team_threads: the threads of a team (version 2; version 1's is a warp);
 // the block is blockDim.x / team_threads teams. partial_dgamma / partial_dbeta: [gridDim.x, hidden]
-// FP32, or nullptr (no parameter gradients); gamma, dsum may be nullptr.
+// FP32, or nullptr (no parameter gradients); gamma, dsum may be nullptr. Dynamic shared memory:
+// tree_bytes(teams per block, team_threads), for step 4.
 template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
 __global__ void __launch_bounds__(kBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
@@ -219,12 +217,13 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   // 32 stores or loads of one k are 32 consecutive floats, no bank conflict. (Sums of columns past
   // the row are zeros.) A block without rows writes zeros, so pass 2 may add every row of the buffer.
   if (partial_dgamma == nullptr) return;  // uniform over the grid
-  __shared__ float tree[2][kTreeFloats];
+  extern __shared__ float tree[];  // [2][teams_per_block / 2][kRowElems][team_size]
+  const int tree_half = teams_per_block / 2 * kRowElems * team_size;
   for (int n = teams_per_block; n > 1; n = (n + 1) / 2) {
     const int half = (n + 1) / 2;  // teams [half, n) store, teams [0, n - half) add
     const bool stores = team_in_block >= half && team_in_block < n, adds = team_in_block < n - half;
-    float* slot_g = &tree[0][(stores ? team_in_block - half : team_in_block) * kRowElems * team_size + rank];
-    float* slot_b = &tree[1][(stores ? team_in_block - half : team_in_block) * kRowElems * team_size + rank];
+    float* slot_g = &tree[(stores ? team_in_block - half : team_in_block) * kRowElems * team_size + rank];
+    float* slot_b = slot_g + tree_half;
     if (stores) {
 #pragma unroll
       for (int k = 0; k < kRowElems; ++k) {
@@ -394,6 +393,12 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
 
 enum class Version { kWarp, kBlock, kStreaming };
 
+// Versions 1 and 2: the shared memory of step 4's tree. A round stores the kRowElems column sums of
+// each thread of at most half the block's teams, for dgamma and dbeta (at most 32 KB).
+size_t tree_bytes(int teams_per_block, int team_threads) {
+  return 2 * sizeof(float) * (teams_per_block / 2) * kRowElems * team_threads;
+}
+
 struct Plan {
   Version version;
   bool vec;          // 16-byte chunks
@@ -436,13 +441,15 @@ template <typename T, int VEC>
 void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg,
                     float* pb, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(p.blocks);
+  const bool uses_tree = pg != nullptr && p.version != Version::kStreaming;  // step 4 of versions 1 and 2
+  const size_t tree = uses_tree ? tree_bytes(p.threads / p.team_threads, p.team_threads) : 0;
   switch (p.version) {
     case Version::kWarp:
-      ln_backward_cached_kernel<T, VEC, true, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
+      ln_backward_cached_kernel<T, VEC, true, kPrefetchRows<T, VEC>><<<blocks, p.threads, tree, stream>>>(
           dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
       break;
     case Version::kBlock:
-      ln_backward_cached_kernel<T, VEC, false, kPrefetchRows<T, VEC>><<<blocks, p.threads, 0, stream>>>(
+      ln_backward_cached_kernel<T, VEC, false, kPrefetchRows<T, VEC>><<<blocks, p.threads, tree, stream>>>(
           dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
       break;
     case Version::kStreaming:
