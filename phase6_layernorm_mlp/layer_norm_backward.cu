@@ -29,9 +29,10 @@
 //   2. ln_backward_cached_kernel<.., kWarpPerRow = false>: a team of warps per row, 16 elements
 //      per thread, up to 512 threads (hidden <= 8192), its sums through shared memory and a named
 //      barrier of its own (bar.sync id, threads: the block's other teams do not wait); as many
-//      teams per block as fit in 16 warps. Four arrays of row live in registers (s, dy, and the two
-//      column sums): 16 elements each is about 64 registers, so a 512-thread block stays within
-//      its 128 registers per thread without spilling (the forward holds one array).
+//      teams per block as fit in 16 warps (teams of 8 warps or more: one). Four arrays of row live
+//      in registers (s, dy, and the two column sums): 16 elements each is about 64 registers, so a
+//      512-thread block stays within its 128 registers per thread without spilling (the forward
+//      holds one array).
 //   3. ln_backward_streaming_kernel: a block per row for longer rows; reads the row from memory in
 //      each of its four passes (all but the first from L2) and keeps its column partial sums in
 //      its own row of the partials buffer.
@@ -55,6 +56,7 @@ namespace {
 
 constexpr int kRowElems = 16;          // versions 1 and 2: elements of row per thread
 constexpr int kBlockThreads = 512;     // versions 1 and 2: teams per block, as many as fit; a team at most this
+constexpr int kSoloTeamThreads = 256;  // ... but a team of this many threads or more has a block of its own
 constexpr int kStreamingThreads = 512; // version 3
 constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a memory-bound kernel), one block
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
@@ -419,10 +421,11 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
   p.vec = vec;
   if (hidden <= kRowElems * kBlockThreads) {
     // Versions 1 and 2: a team of 16 elements per thread, in whole warps; as many teams per block as
-    // fit in kBlockThreads, fewer when there are too few rows to give every SM a block.
+    // fit in kBlockThreads (teams of 8 warps or more: one; measured faster at hidden 4096, where the
+    // partial rows are a small part of the call), fewer when too few rows give every SM a block.
     p.version = hidden <= kRowElems * warp ? Version::kWarp : Version::kBlock;
     p.team_threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
-    const int64_t max_teams = kBlockThreads / p.team_threads;
+    const int64_t max_teams = p.team_threads >= kSoloTeamThreads ? 1 : kBlockThreads / p.team_threads;
     const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sm_count()), 1, max_teams);
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
     p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
