@@ -151,9 +151,10 @@ __device__ __forceinline__ float team_sum(float v, float* slots, int warp, int t
 
 // Versions 1, 2 and 4. team_threads: the threads of a team (version 2; version 1's is a warp);
 // the block is blockDim.x / team_threads teams. partial_dgamma / partial_dbeta: [gridDim.x, hidden]
-// FP32, and dgamma / dbeta [hidden], or all four nullptr (no parameter gradients); with them the
-// launch must be cooperative (step 5's grid-wide barrier). gamma, dsum may be nullptr. Dynamic
-// shared memory: tree_bytes(teams per block, team_threads), for step 4.
+// FP32, or nullptr (no parameter gradients); dgamma / dbeta [hidden] for pass 2 in this launch
+// (step 5, whose grid-wide barrier needs a cooperative launch), or nullptr (pass 2 left to
+// ln_param_reduce_kernel). gamma, dsum may be nullptr. Dynamic shared memory: tree_bytes(teams per
+// block, team_threads), for step 4.
 template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
 __global__ void __launch_bounds__(kBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
@@ -318,10 +319,11 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     }
   }
 
-  // Step 5 (pass 2, in the same launch): every block waits at a grid-wide barrier until every
-  // partial row is stored (the launch is cooperative: all its blocks are resident at once), then
-  // the blocks add the partial rows of kReduceCols columns at a time, block b the columns
-  // b * kReduceCols, then (b + gridDim.x) * kReduceCols, ...
+  // Step 5 (pass 2, in the same launch; without dgamma it is a kernel of its own): every block waits
+  // at a grid-wide barrier until every partial row is stored (the launch is cooperative: all its
+  // blocks are resident at once), then the blocks add the partial rows of kReduceCols columns at a
+  // time, block b the columns b * kReduceCols, then (b + gridDim.x) * kReduceCols, ...
+  if (dgamma == nullptr) return;  // uniform over the grid
   cooperative_groups::this_grid().sync();
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
@@ -411,7 +413,8 @@ ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, 
   }
 }
 
-// Pass 2 of dgamma / dbeta, standalone (after version 3): one block per kReduceCols columns.
+// Pass 2 of dgamma / dbeta as a kernel of its own (after version 3, and after versions 1 and 2 where
+// the plan does not fold it in): one block per kReduceCols columns.
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
@@ -441,6 +444,7 @@ struct Plan {
   int threads;       // per block
   int64_t blocks;
   int64_t partial_rows;  // rows of partial sums: one per block
+  bool fold;             // pass 2 in pass 1's launch (cooperative; versions 1 and 2 with teams sharing blocks)
 };
 
 template <typename T>
@@ -461,9 +465,15 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     const int64_t max_teams = p.team_threads >= kSoloTeamThreads ? 1 : kBlockThreads / p.team_threads;
     const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sm_count()), 1, max_teams);
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
+    // At most kWarpsPerSM / (the block's warps) blocks per SM, rounded down: with at most 128
+    // registers per thread (the launch bounds) that many are always resident at once, which a
+    // cooperative launch requires.
     p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
-                        course::ceil_div<int64_t>(warps_in_flight, p.threads / warp));
+                        static_cast<int64_t>(sm_count()) * std::max<int64_t>(1, kWarpsPerSM / (p.threads / warp)));
     p.partial_rows = p.blocks;
+    // The fold measured faster where teams share blocks (hidden <= 2048), slower with one team of 8
+    // warps or more per block (hidden 4096: twice the blocks, half the lanes each for the sums).
+    p.fold = p.team_threads < kSoloTeamThreads;
   } else {
     p.version = Version::kStreaming;
     p.threads = kStreamingThreads;
@@ -473,22 +483,23 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
   return p;
 }
 
-// Versions 1 and 2: with parameter gradients a cooperative launch (step 5 waits on every block), else a
-// plain one.
+// Versions 1 and 2: a cooperative launch where pass 2 is folded in (step 5 waits on every block),
+// else a plain one.
 template <typename T, int VEC, bool kWarpPerRow>
 void launch_cached(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg, float* pb,
                    T* dgamma, T* dbeta, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   auto* kernel = ln_backward_cached_kernel<T, VEC, kWarpPerRow, kPrefetchRows<T, VEC>>;
   const unsigned blocks = static_cast<unsigned>(p.blocks);
   int team_threads = p.team_threads;
-  if (pg == nullptr) {
-    kernel<<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, dgamma, dbeta, rows, hidden, eps,
-                                             team_threads);
+  const size_t tree = pg == nullptr ? 0 : tree_bytes(p.threads / p.team_threads, p.team_threads);
+  if (pg == nullptr || !p.fold) {
+    kernel<<<blocks, p.threads, tree, stream>>>(dy, s, gamma, dsum, ds, pg, pb, nullptr, nullptr, rows, hidden, eps,
+                                                team_threads);
     return;
   }
   void* args[] = {&dy, &s, &gamma, &dsum, &ds, &pg, &pb, &dgamma, &dbeta, &rows, &hidden, &eps, &team_threads};
   C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(p.threads), args,
-                                             tree_bytes(p.threads / p.team_threads, p.team_threads), stream));
+                                             tree, stream));
 }
 
 template <typename T, int VEC>
@@ -504,13 +515,13 @@ void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, cons
     case Version::kStreaming:
       ln_backward_streaming_kernel<T, VEC><<<static_cast<unsigned>(p.blocks), p.threads, 0, stream>>>(
           dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
-      if (pg != nullptr) {  // pass 2 as a kernel of its own
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        const unsigned reduce_blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
-        ln_param_reduce_kernel<T><<<reduce_blocks, dim3(kReduceCols, kReduceRows), 0, stream>>>(
-            pg, pb, p.partial_rows, hidden, dgamma, dbeta);
-      }
       break;
+  }
+  if (pg != nullptr && !p.fold) {  // pass 2 as a kernel of its own
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const unsigned reduce_blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
+    ln_param_reduce_kernel<T><<<reduce_blocks, dim3(kReduceCols, kReduceRows), 0, stream>>>(pg, pb, p.partial_rows,
+                                                                                            hidden, dgamma, dbeta);
   }
 }
 
