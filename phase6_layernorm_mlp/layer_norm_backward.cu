@@ -16,10 +16,10 @@
 //     up to 512 elements) or several warps, the row held in registers.
 //   - dgamma / dbeta need sums down each column, over every row. Each team walks many rows
 //     (row = team, team + teams, ...), always holding the same columns, so it adds its rows' dy * xhat
-//     and dy into registers. A block holds as many teams as fit in 16 warps, one block per SM; at
-//     the end its teams add their sums in a fixed tree in shared memory and the block writes one
-//     row of partial sums (pass 1): about one partial row per SM. A second kernel adds the partial
-//     rows of each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and
+//     and dy into registers. A block holds as many teams as fit in 16 warps (a team of 8 warps or
+//     more: one), about 16 warps per SM; at the end its teams add their sums in a fixed tree in
+//     shared memory and the block writes one row of partial sums (pass 1): one or two partial
+//     rows per SM. A second kernel adds the partial rows of each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and
 //     dbeta are the same bits on every run.
 //
 // Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
