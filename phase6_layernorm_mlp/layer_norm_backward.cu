@@ -19,8 +19,8 @@
 //     and dy into registers. A block holds as many teams as fit in 16 warps (a team of 8 warps or
 //     more: one), about 16 warps per SM; at the end its teams add their sums in a fixed tree in
 //     shared memory and the block writes one row of partial sums (pass 1): one or two partial
-//     rows per SM. A second kernel adds the partial rows of each column (pass 2). No atomics: the order of every sum is fixed, so dgamma and
-//     dbeta are the same bits on every run.
+//     rows per SM. A second kernel adds the partial rows of each column (pass 2). No atomics: the
+//     order of every sum is fixed, so dgamma and dbeta are the same bits on every run.
 //
 // Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
 // a pointer is not 16-byte aligned):
