@@ -424,7 +424,8 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     // fit in kBlockThreads (teams of 8 warps or more: one; measured faster at hidden 4096, where the
     // partial rows are a small part of the call), fewer when too few rows give every SM a block.
     p.version = hidden <= kRowElems * warp ? Version::kWarp : Version::kBlock;
-    p.team_threads = static_cast<int>(course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp) * warp);
+    const int64_t team_warps = course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp);
+    p.team_threads = static_cast<int>(team_warps * warp);
     const int64_t max_teams = p.team_threads >= kSoloTeamThreads ? 1 : kBlockThreads / p.team_threads;
     const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sm_count()), 1, max_teams);
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
