@@ -415,7 +415,8 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
                int64_t hidden) {
   const bool vec = hidden % kVec16<T> == 0 && aligned16(dy) && aligned16(s) && aligned16(ds) &&
                    (gamma == nullptr || aligned16(gamma)) && (dsum == nullptr || aligned16(dsum));
-  const int64_t warps_in_flight = static_cast<int64_t>(sm_count()) * kWarpsPerSM;
+  const int64_t sms = sm_count();
+  const int64_t warps_in_flight = sms * kWarpsPerSM;
   const int64_t warp = course::kWarpSize;
   Plan p{};
   p.vec = vec;
@@ -427,7 +428,7 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     const int64_t team_warps = course::ceil_div<int64_t>(course::ceil_div<int64_t>(hidden, kRowElems), warp);
     p.team_threads = static_cast<int>(team_warps * warp);
     const int64_t max_teams = p.team_threads >= kSoloTeamThreads ? 1 : kBlockThreads / p.team_threads;
-    const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sm_count()), 1, max_teams);
+    const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sms), 1, max_teams);
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
     p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
                         course::ceil_div<int64_t>(warps_in_flight, p.threads / warp));
