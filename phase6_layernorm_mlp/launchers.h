@@ -32,19 +32,17 @@ void launch_gelu_backward(DType dtype, const void* dy, const void* x, void* dx, 
                           cudaStream_t stream);
 
 // LayerNorm backward (layer_norm_backward.cu), s the LayerNorm's input (x, or add_layer_norm's sum):
-// ds = dLN/ds^T dy (+ dsum), and with partial_dgamma / partial_dbeta (FP32 [partial_rows, hidden];
-// both nullptr for none) one row of column sums of dy * xhat and dy per block. gamma and dsum may
-// be nullptr. layer_norm_backward_partial_rows gives the partial_rows the launch will use for these
-// arguments, so that the caller sizes the partials; launch_layer_norm_param_reduce then adds them
-// up into dgamma and dbeta.
+// ds = dLN/ds^T dy (+ dsum), and with dgamma / dbeta ([hidden], s's dtype; both nullptr for none)
+// the parameter gradients, through partial_dgamma / partial_dbeta (FP32 [partial_rows, hidden]
+// scratch: one row of column sums of dy * xhat and dy per block; nullptr with dgamma). gamma and
+// dsum may be nullptr. layer_norm_backward_partial_rows gives the partial_rows the launch will use
+// for these arguments, so that the caller sizes the scratch.
 int64_t layer_norm_backward_partial_rows(DType dtype, const void* dy, const void* s, const void* gamma,
                                          const void* dsum, const void* ds, int64_t rows, int64_t hidden);
 void launch_layer_norm_backward(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
                                 void* ds, float* partial_dgamma, float* partial_dbeta, int64_t partial_rows,
-                                int64_t rows, int64_t hidden, float eps, cudaStream_t stream);
-void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, const float* partial_dbeta,
-                                    int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
-                                    cudaStream_t stream);
+                                void* dgamma, void* dbeta, int64_t rows, int64_t hidden, float eps,
+                                cudaStream_t stream);
 
 // C[M, N] = act(A[M, K] W[N, K]^T + bias[N]) + residual[M, N], FP32 (bias, residual optional).
 // variant in [0, kLinearVariants) picks the kernel and its tile configuration: the first

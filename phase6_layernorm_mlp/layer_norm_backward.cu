@@ -19,7 +19,8 @@
 //     and dy into registers. A block holds as many teams as fit in 16 warps (a team of 8 warps or
 //     more: one), about 16 warps per SM; at the end its teams add their sums in a fixed tree in
 //     shared memory and the block writes one row of partial sums (pass 1): one or two partial
-//     rows per SM. A second kernel adds the partial rows of each column (pass 2). No atomics: the
+//     rows per SM. Pass 2 adds the partial rows of each column: where teams share blocks, in the
+//     same launch after a grid-wide barrier (step 5), else in a kernel of its own. No atomics: the
 //     order of every sum is fixed, so dgamma and dbeta are the same bits on every run.
 //
 // Versions (the launcher picks one; "chunk" = one 16-byte vector, or one element where the row or
@@ -45,7 +46,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
+#include <cooperative_groups.h>
 
 #include "common.cuh"
 #include "launchers.h"
@@ -62,11 +65,69 @@ constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a me
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
+static_assert(kReduceCols == course::kWarpSize && kReduceCols * kReduceRows >= kBlockThreads,
+              "step 5: a block of versions 1 and 2 is at most kReduceRows lanes of a warp each");
 // Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
 // FP32 and for the scalar path (one element per chunk: a register each, and the block version
 // would spill).
 template <typename T, int VEC>
 constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
+
+// Pass 2 of dgamma / dbeta for the columns [col0, col0 + kReduceCols) of the [partial_rows, hidden]
+// partials, by `lanes` (<= kReduceRows) lanes of kReduceCols threads: thread (x, y) adds column
+// col0 + x of the partial rows y, y + lanes, ... in groups of kReduceInFlight rows, each group's
+// loads issued together into independent sums (few blocks share this work, so each SM needs many
+// loads in flight to hide the L2's latency), adds those in order, then the lanes' sums are added in
+// shared memory (sg, sb); a fixed order. Every thread of the block calls it; it ends on a barrier, so
+// sg and sb may be used again. Loads through L2 (__ldcg): the partials may have been written in this
+// same launch.
+template <typename T>
+__device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, const float* partial_dbeta,
+                                                 int64_t partial_rows, int64_t hidden, int64_t col0, int x, int y,
+                                                 int lanes, float (*sg)[kReduceCols + 1], float (*sb)[kReduceCols + 1],
+                                                 T* dgamma, T* dbeta) {
+  const int64_t col = col0 + x;
+  float g = 0.0f, b = 0.0f;
+  if (col < hidden) {
+    float gu[kReduceInFlight] = {}, bu[kReduceInFlight] = {};
+    int64_t t = y;
+    // Whole groups of kReduceInFlight rows: every load issued before the first sum waits on one.
+    for (; t + (kReduceInFlight - 1) * lanes < partial_rows; t += kReduceInFlight * lanes) {
+      float lg[kReduceInFlight], lb[kReduceInFlight];
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        lg[u] = __ldcg(partial_dgamma + (t + u * lanes) * hidden + col);
+        lb[u] = __ldcg(partial_dbeta + (t + u * lanes) * hidden + col);
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceInFlight; ++u) {
+        gu[u] += lg[u];
+        bu[u] += lb[u];
+      }
+    }
+    for (; t < partial_rows; t += lanes) {  // the rows after the last whole group
+      gu[0] += __ldcg(partial_dgamma + t * hidden + col);
+      bu[0] += __ldcg(partial_dbeta + t * hidden + col);
+    }
+#pragma unroll
+    for (int u = 0; u < kReduceInFlight; ++u) {
+      g += gu[u];
+      b += bu[u];
+    }
+  }
+  sg[y][x] = g;
+  sb[y][x] = b;
+  __syncthreads();
+  if (y == 0 && col < hidden) {
+    for (int r = 1; r < lanes; ++r) {
+      g += sg[r][x];
+      b += sb[r][x];
+    }
+    dgamma[col] = from_float<T>(g);
+    dbeta[col] = from_float<T>(b);
+  }
+  __syncthreads();
+}
 
 // The threads of one team wait for each other, not for the block's other teams: barrier `id`
 // (1..15; 0 is __syncthreads') of `threads` threads.
@@ -91,14 +152,16 @@ __device__ __forceinline__ float team_sum(float v, float* slots, int warp, int t
 
 // Versions 1, 2 and 4. team_threads: the threads of a team (version 2; version 1's is a warp);
 // the block is blockDim.x / team_threads teams. partial_dgamma / partial_dbeta: [gridDim.x, hidden]
-// FP32, or nullptr (no parameter gradients); gamma, dsum may be nullptr. Dynamic shared memory:
-// tree_bytes(teams per block, team_threads), for step 4.
+// FP32, or nullptr (no parameter gradients); dgamma / dbeta [hidden] for pass 2 in this launch
+// (step 5, whose grid-wide barrier needs a cooperative launch), or nullptr (pass 2 left to
+// ln_param_reduce_kernel). gamma, dsum may be nullptr. Dynamic shared memory: tree_bytes(teams per
+// block, team_threads), for step 4.
 template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
 __global__ void __launch_bounds__(kBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
                           const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
-                          float* __restrict__ partial_dbeta, int64_t rows, int64_t hidden, float eps,
-                          int team_threads) {
+                          float* __restrict__ partial_dbeta, T* __restrict__ dgamma, T* __restrict__ dbeta,
+                          int64_t rows, int64_t hidden, float eps, int team_threads) {
   constexpr int NV = kRowElems / VEC;  // chunks per thread
   static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
   __shared__ float scratch[kBlockThreads / course::kWarpSize];
@@ -243,17 +306,32 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     }
     __syncthreads();
   }
-  if (team_in_block != 0) return;
-  // Team 0 stores the row; a thread's VEC columns are consecutive: 16-byte pieces (store_floats).
-  float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
-  float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
+  if (team_in_block == 0) {
+    // Team 0 stores the row; a thread's VEC columns are consecutive: 16-byte pieces (store_floats).
+    float* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * hidden;
+    float* pb = partial_dbeta + static_cast<int64_t>(blockIdx.x) * hidden;
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-    if (c < chunks) {
-      store_floats<VEC>(pg + c * VEC, acc_dgamma[i]);
-      store_floats<VEC>(pb + c * VEC, acc_dbeta[i]);
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        store_floats<VEC>(pg + c * VEC, acc_dgamma[i]);
+        store_floats<VEC>(pb + c * VEC, acc_dbeta[i]);
+      }
     }
+  }
+
+  // Step 5 (pass 2, in the same launch; without dgamma it is a kernel of its own): every block waits
+  // at a grid-wide barrier until every partial row is stored (the launch is cooperative: all its
+  // blocks are resident at once), then the blocks add the partial rows of kReduceCols columns at a
+  // time, block b the columns b * kReduceCols, then (b + gridDim.x) * kReduceCols, ...
+  if (dgamma == nullptr) return;  // uniform over the grid
+  cooperative_groups::this_grid().sync();
+  __shared__ float sg[kReduceRows][kReduceCols + 1];
+  __shared__ float sb[kReduceRows][kReduceCols + 1];
+  for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols; col0 < hidden;
+       col0 += static_cast<int64_t>(gridDim.x) * kReduceCols) {
+    add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
+                        threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
   }
 }
 
@@ -336,57 +414,16 @@ ln_backward_streaming_kernel(const T* __restrict__ dy, const T* __restrict__ s, 
   }
 }
 
-// Pass 2 of dgamma / dbeta: column c of the [partial_rows, hidden] partials summed. Thread y adds the
-// partial rows y, y + 16, ... in groups of kReduceInFlight rows, each group's loads issued together
-// into independent sums (the grid is only hidden / 32 blocks, so each SM needs many loads in
-// flight to hide the L2's latency), adds those in order, then the 16 threads' sums are added in
-// shared memory; a fixed order.
+// Pass 2 of dgamma / dbeta as a kernel of its own (after version 3, and after versions 1 and 2 where
+// the plan does not fold it in): one block per kReduceCols columns.
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
                        int64_t partial_rows, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
-  float g = 0.0f, b = 0.0f;
-  if (col < hidden) {
-    float gu[kReduceInFlight] = {}, bu[kReduceInFlight] = {};
-    int64_t t = threadIdx.y;
-    // Whole groups of kReduceInFlight rows: every load issued before the first sum waits on one.
-    for (; t + (kReduceInFlight - 1) * kReduceRows < partial_rows; t += kReduceInFlight * kReduceRows) {
-      float lg[kReduceInFlight], lb[kReduceInFlight];
-#pragma unroll
-      for (int u = 0; u < kReduceInFlight; ++u) {
-        lg[u] = partial_dgamma[(t + u * kReduceRows) * hidden + col];
-        lb[u] = partial_dbeta[(t + u * kReduceRows) * hidden + col];
-      }
-#pragma unroll
-      for (int u = 0; u < kReduceInFlight; ++u) {
-        gu[u] += lg[u];
-        bu[u] += lb[u];
-      }
-    }
-    for (; t < partial_rows; t += kReduceRows) {  // the rows after the last whole group
-      gu[0] += partial_dgamma[t * hidden + col];
-      bu[0] += partial_dbeta[t * hidden + col];
-    }
-#pragma unroll
-    for (int u = 0; u < kReduceInFlight; ++u) {
-      g += gu[u];
-      b += bu[u];
-    }
-  }
-  sg[threadIdx.y][threadIdx.x] = g;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < hidden) {
-    for (int r = 1; r < kReduceRows; ++r) {
-      g += sg[r][threadIdx.x];
-      b += sb[r][threadIdx.x];
-    }
-    dgamma[col] = from_float<T>(g);
-    dbeta[col] = from_float<T>(b);
-  }
+  add_partial_rows<T>(partial_dgamma, partial_dbeta, partial_rows, hidden, static_cast<int64_t>(blockIdx.x) * kReduceCols,
+                      threadIdx.x, threadIdx.y, kReduceRows, sg, sb, dgamma, dbeta);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -408,7 +445,13 @@ struct Plan {
   int threads;       // per block
   int64_t blocks;
   int64_t partial_rows;  // rows of partial sums: one per block
+  bool fold;             // pass 2 in pass 1's launch (cooperative; versions 1 and 2 with teams sharing blocks)
 };
+
+// Blocks of `threads` threads per SM for about kWarpsPerSM warps in flight, rounded down; at least one.
+int64_t blocks_per_sm(int threads) {
+  return std::max<int64_t>(1, kWarpsPerSM / (threads / course::kWarpSize));
+}
 
 template <typename T>
 Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsum, const void* ds, int64_t rows,
@@ -416,7 +459,6 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
   const bool vec = hidden % kVec16<T> == 0 && aligned16(dy) && aligned16(s) && aligned16(ds) &&
                    (gamma == nullptr || aligned16(gamma)) && (dsum == nullptr || aligned16(dsum));
   const int64_t sms = sm_count();
-  const int64_t warps_in_flight = sms * kWarpsPerSM;
   const int64_t warp = course::kWarpSize;
   Plan p{};
   p.vec = vec;
@@ -430,43 +472,70 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     const int64_t max_teams = p.team_threads >= kSoloTeamThreads ? 1 : kBlockThreads / p.team_threads;
     const int64_t teams_per_block = std::clamp<int64_t>(course::ceil_div<int64_t>(rows, sms), 1, max_teams);
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
+    // At most kWarpsPerSM / (the block's warps) blocks per SM, rounded down: with at most 128
+    // registers per thread (the launch bounds) that many are always resident at once, which a
+    // cooperative launch requires.
     p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
-                        course::ceil_div<int64_t>(warps_in_flight, p.threads / warp));
+                        sms * blocks_per_sm(p.threads));
     p.partial_rows = p.blocks;
+    // The fold measured faster where teams share blocks (hidden <= 2048), slower with one team of 8
+    // warps or more per block (hidden 4096: twice the blocks, half the lanes each for the sums).
+    p.fold = p.team_threads < kSoloTeamThreads;
   } else {
     p.version = Version::kStreaming;
     p.threads = kStreamingThreads;
-    p.blocks = std::min(rows, std::max<int64_t>(1, warps_in_flight / (kStreamingThreads / warp)));
+    p.blocks = std::min(rows, sms * blocks_per_sm(p.threads));
     p.partial_rows = p.blocks;
   }
   return p;
 }
 
+// Versions 1 and 2: a cooperative launch where pass 2 is folded in (step 5 waits on every block),
+// else a plain one.
+template <typename T, int VEC, bool kWarpPerRow>
+void launch_cached(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg, float* pb,
+                   T* dgamma, T* dbeta, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  auto* kernel = ln_backward_cached_kernel<T, VEC, kWarpPerRow, kPrefetchRows<T, VEC>>;
+  const unsigned blocks = static_cast<unsigned>(p.blocks);
+  int team_threads = p.team_threads;
+  const size_t tree = pg == nullptr ? 0 : tree_bytes(p.threads / p.team_threads, p.team_threads);
+  if (pg == nullptr || !p.fold) {
+    kernel<<<blocks, p.threads, tree, stream>>>(dy, s, gamma, dsum, ds, pg, pb, nullptr, nullptr, rows, hidden, eps,
+                                                team_threads);
+    return;
+  }
+  void* args[] = {&dy, &s, &gamma, &dsum, &ds, &pg, &pb, &dgamma, &dbeta, &rows, &hidden, &eps, &team_threads};
+  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(p.threads), args,
+                                             tree, stream));
+}
+
 template <typename T, int VEC>
 void launch_version(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg,
-                    float* pb, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(p.blocks);
-  const bool uses_tree = pg != nullptr && p.version != Version::kStreaming;  // step 4 of versions 1 and 2
-  const size_t tree = uses_tree ? tree_bytes(p.threads / p.team_threads, p.team_threads) : 0;
+                    float* pb, T* dgamma, T* dbeta, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   switch (p.version) {
     case Version::kWarp:
-      ln_backward_cached_kernel<T, VEC, true, kPrefetchRows<T, VEC>><<<blocks, p.threads, tree, stream>>>(
-          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
+      launch_cached<T, VEC, true>(p, dy, s, gamma, dsum, ds, pg, pb, dgamma, dbeta, rows, hidden, eps, stream);
       break;
     case Version::kBlock:
-      ln_backward_cached_kernel<T, VEC, false, kPrefetchRows<T, VEC>><<<blocks, p.threads, tree, stream>>>(
-          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps, p.team_threads);
+      launch_cached<T, VEC, false>(p, dy, s, gamma, dsum, ds, pg, pb, dgamma, dbeta, rows, hidden, eps, stream);
       break;
     case Version::kStreaming:
-      ln_backward_streaming_kernel<T, VEC><<<blocks, p.threads, 0, stream>>>(dy, s, gamma, dsum, ds, pg, pb, rows,
-                                                                            hidden, eps);
+      ln_backward_streaming_kernel<T, VEC><<<static_cast<unsigned>(p.blocks), p.threads, 0, stream>>>(
+          dy, s, gamma, dsum, ds, pg, pb, rows, hidden, eps);
       break;
+  }
+  if (pg != nullptr && !p.fold) {  // pass 2 as a kernel of its own
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const unsigned reduce_blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
+    ln_param_reduce_kernel<T><<<reduce_blocks, dim3(kReduceCols, kReduceRows), 0, stream>>>(pg, pb, p.partial_rows,
+                                                                                            hidden, dgamma, dbeta);
   }
 }
 
 template <typename T>
 void launch_typed(const void* dy, const void* s, const void* gamma, const void* dsum, void* ds, float* pg, float* pb,
-                  int64_t partial_rows, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+                  int64_t partial_rows, void* dgamma, void* dbeta, int64_t rows, int64_t hidden, float eps,
+                  cudaStream_t stream) {
   const Plan p = make_plan<T>(dy, s, gamma, dsum, ds, rows, hidden);
   TORCH_CHECK(p.partial_rows == partial_rows, "layer_norm_backward: partials sized for ", partial_rows,
               " rows, the plan has ", p.partial_rows);
@@ -475,17 +544,10 @@ void launch_typed(const void* dy, const void* s, const void* gamma, const void* 
   const T* gt = static_cast<const T*>(gamma);
   const T* rt = static_cast<const T*>(dsum);
   T* out = static_cast<T*>(ds);
-  if (p.vec) launch_version<T, kVec16<T>>(p, dyt, st, gt, rt, out, pg, pb, rows, hidden, eps, stream);
-  else launch_version<T, 1>(p, dyt, st, gt, rt, out, pg, pb, rows, hidden, eps, stream);
-}
-
-template <typename T>
-void launch_reduce(const float* pg, const float* pb, int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
-                   cudaStream_t stream) {
-  const dim3 block(kReduceCols, kReduceRows);
-  const unsigned blocks = static_cast<unsigned>(course::ceil_div<int64_t>(hidden, kReduceCols));
-  ln_param_reduce_kernel<T><<<blocks, block, 0, stream>>>(pg, pb, partial_rows, hidden, static_cast<T*>(dgamma),
-                                                          static_cast<T*>(dbeta));
+  T* dg = static_cast<T*>(dgamma);
+  T* db = static_cast<T*>(dbeta);
+  if (p.vec) launch_version<T, kVec16<T>>(p, dyt, st, gt, rt, out, pg, pb, dg, db, rows, hidden, eps, stream);
+  else launch_version<T, 1>(p, dyt, st, gt, rt, out, pg, pb, dg, db, rows, hidden, eps, stream);
 }
 
 }  // namespace
@@ -501,31 +563,21 @@ int64_t layer_norm_backward_partial_rows(DType dtype, const void* dy, const void
 
 void launch_layer_norm_backward(DType dtype, const void* dy, const void* s, const void* gamma, const void* dsum,
                                 void* ds, float* partial_dgamma, float* partial_dbeta, int64_t partial_rows,
-                                int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+                                void* dgamma, void* dbeta, int64_t rows, int64_t hidden, float eps,
+                                cudaStream_t stream) {
   float* pg = partial_dgamma;
   float* pb = partial_dbeta;
   switch (dtype) {
     case DType::kFloat32:
-      launch_typed<float>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      launch_typed<float>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, dgamma, dbeta, rows, hidden, eps, stream);
       break;
     case DType::kFloat16:
-      launch_typed<__half>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      launch_typed<__half>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, dgamma, dbeta, rows, hidden, eps, stream);
       break;
     case DType::kBFloat16:
-      launch_typed<__nv_bfloat16>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, rows, hidden, eps, stream);
+      launch_typed<__nv_bfloat16>(dy, s, gamma, dsum, ds, pg, pb, partial_rows, dgamma, dbeta, rows, hidden, eps,
+                                  stream);
       break;
-  }
-}
-
-void launch_layer_norm_param_reduce(DType dtype, const float* partial_dgamma, const float* partial_dbeta,
-                                    int64_t partial_rows, int64_t hidden, void* dgamma, void* dbeta,
-                                    cudaStream_t stream) {
-  const float* pg = partial_dgamma;
-  const float* pb = partial_dbeta;
-  switch (dtype) {
-    case DType::kFloat32: launch_reduce<float>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
-    case DType::kFloat16: launch_reduce<__half>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
-    case DType::kBFloat16: launch_reduce<__nv_bfloat16>(pg, pb, partial_rows, hidden, dgamma, dbeta, stream); break;
   }
 }
 

@@ -124,12 +124,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
     pb = pg + partial_rows * hidden;
   }
   launch_layer_norm_backward(dtype, dy.data_ptr(), s.data_ptr(), gamma, extra, ds.data_ptr(), pg, pb, partial_rows,
+                             param_grads ? dgamma.data_ptr() : nullptr, param_grads ? dbeta.data_ptr() : nullptr,
                              rows, hidden, static_cast<float>(eps), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (param_grads) {
-    launch_layer_norm_param_reduce(dtype, pg, pb, partial_rows, hidden, dgamma.data_ptr(), dbeta.data_ptr(), stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   return {ds, dgamma, dbeta};
 }
 
