@@ -79,13 +79,15 @@ constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 // loads issued together into independent sums (few blocks share this work, so each SM needs many
 // loads in flight to hide the L2's latency), adds those in order, then the lanes' sums are added in
 // shared memory (sg, sb); a fixed order. Every thread of the block calls it; it ends on a barrier, so
-// sg and sb may be used again. Loads through L2 (__ldcg): the partials may have been written in this
-// same launch.
-template <typename T>
+// sg and sb may be used again. kSameLaunch: the partials were written in this launch, before a
+// grid-wide barrier, which makes them visible to plain loads but not to the read-only path (__ldg)
+// that a kernel of its own uses.
+template <typename T, bool kSameLaunch>
 __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, const float* partial_dbeta,
                                                  int64_t partial_rows, int64_t hidden, int64_t col0, int x, int y,
                                                  int lanes, float (*sg)[kReduceCols + 1], float (*sb)[kReduceCols + 1],
                                                  T* dgamma, T* dbeta) {
+  auto load = [](const float* p) { return kSameLaunch ? *p : __ldg(p); };
   const int64_t col = col0 + x;
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
@@ -96,8 +98,8 @@ __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, co
       float lg[kReduceInFlight], lb[kReduceInFlight];
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
-        lg[u] = __ldcg(partial_dgamma + (t + u * lanes) * hidden + col);
-        lb[u] = __ldcg(partial_dbeta + (t + u * lanes) * hidden + col);
+        lg[u] = load(partial_dgamma + (t + u * lanes) * hidden + col);
+        lb[u] = load(partial_dbeta + (t + u * lanes) * hidden + col);
       }
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
@@ -106,8 +108,8 @@ __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, co
       }
     }
     for (; t < partial_rows; t += lanes) {  // the rows after the last whole group
-      gu[0] += __ldcg(partial_dgamma + t * hidden + col);
-      bu[0] += __ldcg(partial_dbeta + t * hidden + col);
+      gu[0] += load(partial_dgamma + t * hidden + col);
+      bu[0] += load(partial_dbeta + t * hidden + col);
     }
 #pragma unroll
     for (int u = 0; u < kReduceInFlight; ++u) {
@@ -330,8 +332,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   __shared__ float sb[kReduceRows][kReduceCols + 1];
   for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols; col0 < hidden;
        col0 += static_cast<int64_t>(gridDim.x) * kReduceCols) {
-    add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
-                        threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
+    add_partial_rows<T, true>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
+                              threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
   }
 }
 
@@ -422,8 +424,9 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
                        int64_t partial_rows, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
-  add_partial_rows<T>(partial_dgamma, partial_dbeta, partial_rows, hidden, static_cast<int64_t>(blockIdx.x) * kReduceCols,
-                      threadIdx.x, threadIdx.y, kReduceRows, sg, sb, dgamma, dbeta);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols;
+  add_partial_rows<T, false>(partial_dgamma, partial_dbeta, partial_rows, hidden, col0, threadIdx.x, threadIdx.y,
+                             kReduceRows, sg, sb, dgamma, dbeta);
 }
 
 // ------------------------------------------------------------------------------------------------
