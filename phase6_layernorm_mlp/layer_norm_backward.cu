@@ -79,15 +79,15 @@ constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 // loads issued together into independent sums (few blocks share this work, so each SM needs many
 // loads in flight to hide the L2's latency), adds those in order, then the lanes' sums are added in
 // shared memory (sg, sb); a fixed order. Every thread of the block calls it; it ends on a barrier, so
-// sg and sb may be used again. kSameLaunch: the partials were written in this launch, before a
-// grid-wide barrier, which makes them visible to plain loads but not to the read-only path (__ldg)
-// that a kernel of its own uses.
-template <typename T, bool kSameLaunch>
+// sg and sb may be used again. Plain loads: in a kernel of its own the compiler reads through the
+// read-only path (its pointers are const __restrict__); in the fold the grid-wide barrier makes the
+// other blocks' stores visible to them. (Written as __ldg or __ldcg, the loads came out of the
+// compiler one or two in flight, each waiting for its sum.)
+template <typename T>
 __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, const float* partial_dbeta,
                                                  int64_t partial_rows, int64_t hidden, int64_t col0, int x, int y,
                                                  int lanes, float (*sg)[kReduceCols + 1], float (*sb)[kReduceCols + 1],
                                                  T* dgamma, T* dbeta) {
-  auto load = [](const float* p) { return kSameLaunch ? *p : __ldg(p); };
   const int64_t col = col0 + x;
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
@@ -98,8 +98,8 @@ __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, co
       float lg[kReduceInFlight], lb[kReduceInFlight];
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
-        lg[u] = load(partial_dgamma + (t + u * lanes) * hidden + col);
-        lb[u] = load(partial_dbeta + (t + u * lanes) * hidden + col);
+        lg[u] = partial_dgamma[(t + u * lanes) * hidden + col];
+        lb[u] = partial_dbeta[(t + u * lanes) * hidden + col];
       }
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
@@ -108,8 +108,8 @@ __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, co
       }
     }
     for (; t < partial_rows; t += lanes) {  // the rows after the last whole group
-      gu[0] += load(partial_dgamma + t * hidden + col);
-      bu[0] += load(partial_dbeta + t * hidden + col);
+      gu[0] += partial_dgamma[t * hidden + col];
+      bu[0] += partial_dbeta[t * hidden + col];
     }
 #pragma unroll
     for (int u = 0; u < kReduceInFlight; ++u) {
@@ -332,8 +332,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   __shared__ float sb[kReduceRows][kReduceCols + 1];
   for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols; col0 < hidden;
        col0 += static_cast<int64_t>(gridDim.x) * kReduceCols) {
-    add_partial_rows<T, true>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
-                              threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
+    add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
+                        threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
   }
 }
 
@@ -425,8 +425,8 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
   __shared__ float sg[kReduceRows][kReduceCols + 1];
   __shared__ float sb[kReduceRows][kReduceCols + 1];
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols;
-  add_partial_rows<T, false>(partial_dgamma, partial_dbeta, partial_rows, hidden, col0, threadIdx.x, threadIdx.y,
-                             kReduceRows, sg, sb, dgamma, dbeta);
+  add_partial_rows<T>(partial_dgamma, partial_dbeta, partial_rows, hidden, col0, threadIdx.x, threadIdx.y, kReduceRows,
+                      sg, sb, dgamma, dbeta);
 }
 
 // ------------------------------------------------------------------------------------------------
