@@ -265,10 +265,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     } else {
       named_barrier_sync(2 + wg, kWarpgroup);
     }
-    wgmma_wait<0>();
-    fence_operand(dv);
-    fence_operand(dk);
-    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
 
     // Step 5: the warpgroup's part of dQ_i = dS K_j: A = dS (queries x keys) read from the stored
     // dS^T (MN-major: queries contiguous; 16 keys = +2048 bytes, the two warpgroups' panels are
@@ -286,6 +282,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
       wgmma_ss<T, kDqN, 1, 1>(dq, desc_mn_major(ds_a + kk * 2048, L::kDSBytes),
                               desc_mn_major(k_b + kk * 2048, L::kKVPanel), kk > 0);
     wgmma_commit();
+    wgmma_wait<1>();
+    fence_operand(dv);
+    fence_operand(dk);
+    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
     wgmma_wait<0>();
     fence_operand(dq);
     // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
