@@ -265,13 +265,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     } else {
       named_barrier_sync(2 + wg, kWarpgroup);
     }
+    wgmma_wait<0>();
+    fence_operand(dv);
+    fence_operand(dk);
+    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
 
     // Step 5: the warpgroup's part of dQ_i = dS K_j: A = dS (queries x keys) read from the stored
     // dS^T (MN-major: queries contiguous; 16 keys = +2048 bytes, the two warpgroups' panels are
     // consecutive), B = K_j (keys x D, MN-major). By keys: its own 64 keys, all D columns; by
-    // columns: all 128 keys, panel w of K_j. Issued while step 4's products may still run (dQ needs
-    // neither dV nor dK): a second commit group, so the tensor pipe goes from one to the other without
-    // waiting; step 4's group is waited for first (wait_group 1), then this one.
+    // columns: all 128 keys, panel w of K_j.
     float dq[kDqN / 2];
     const uint32_t ds_a = smem_addr(kDqByColumns ? ds_pair : ds_tile);
     // by columns: the warpgroup's D/2 columns of K_j, panel w at D = 128, half a panel at D = 64
@@ -284,10 +286,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
       wgmma_ss<T, kDqN, 1, 1>(dq, desc_mn_major(ds_a + kk * 2048, L::kDSBytes),
                               desc_mn_major(k_b + kk * 2048, L::kKVPanel), kk > 0);
     wgmma_commit();
-    wgmma_wait<1>();
-    fence_operand(dv);
-    fence_operand(dk);
-    mbarrier_arrive(&empty[s]);  // Q_i and dO_i are read for the last time
     wgmma_wait<0>();
     fence_operand(dq);
     // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
