@@ -477,7 +477,8 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     p.threads = static_cast<int>(teams_per_block * p.team_threads);
     // At most kWarpsPerSM / (the block's warps) blocks per SM, rounded down: with at most 128
     // registers per thread (the launch bounds) that many are always resident at once, which a
-    // cooperative launch requires.
+    // cooperative launch requires (rounded up, 15-warp blocks were 141 for 132 SMs, and the 9 that
+    // did not fit ran in a second wave, even without the fold).
     p.blocks = std::min(course::ceil_div<int64_t>(rows, teams_per_block),
                         sms * blocks_per_sm(p.threads));
     p.partial_rows = p.blocks;
