@@ -37,16 +37,12 @@
 //   3. ln_backward_streaming_kernel: a block per row for longer rows; reads the row from memory in
 //      each of its four passes (all but the first from L2) and keeps its column partial sums in
 //      its own row of the partials buffer.
-//   4. (replaced by 5) versions 1 and 2 with the team's next row of s and dy loaded into registers
-//      while the current row is reduced: one row in flight per team, all the registers allowed.
-//   5. ln_backward_cached_kernel<.., kRing = true>: versions 1 and 2 with the team's rows in flight
-//      through shared memory: a ring of `slots` rows per team, filled by cp.async (16-byte copies,
-//      global to shared without registers). A row's copies are issued `slots` rows ahead and the
-//      thread that issued them is the one that reads them back (its own chunks of the row), so
-//      cp.async.wait_group alone makes them visible, no barrier. The team then has slots - 1
-//      rows in flight while it reduces the current one, where version 4 had one; the limit is the
-//      shared memory per SM, not the registers. dsum rides in the ring too. The launcher runs
-//      version 5 wherever rows are in 16-byte chunks, every dtype.
+//   4. ln_backward_cached_kernel<.., kPrefetch = true>: versions 1 and 2 with the team's next row
+//      of s and dy (and its first element, the shift) loaded while the current row is reduced, as
+//      raw chunks (vec_io.cuh Chunk: 16 more registers for FP16 / BF16). Versions 1 and 2 hold a
+//      row's loads in flight only between their issue and step 1's first sum; with 2-byte
+//      elements a thread's 16 elements are half the bytes of FP32's, so at the same warps per SM
+//      half the bytes are in flight. The launcher runs version 4 for FP16 and BF16 rows in 16-byte chunks.
 #include <algorithm>
 #include <cstdint>
 
@@ -55,9 +51,7 @@
 #include <cooperative_groups.h>
 
 #include "common.cuh"
-#include "cp_async.cuh"
 #include "launchers.h"
-#include "shared_memory_opt_in.h"
 #include "vec_io.cuh"
 
 namespace phase6 {
@@ -73,11 +67,11 @@ constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per colu
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
 static_assert(kReduceCols == course::kWarpSize && kReduceCols * kReduceRows >= kBlockThreads,
               "step 5: a block of versions 1 and 2 is at most kReduceRows lanes of a warp each");
-constexpr int kMaxRingSlots = 4;      // version 5: rows of the ring per team, at most (fewer where shared memory is short)
-// Version 5 (rows in flight through shared memory) wherever rows are in 16-byte chunks (cp.async
-// copies 16 bytes); versions 1 and 2 for the scalar path.
-template <int VEC>
-constexpr bool kRingRows = VEC > 1;
+// Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
+// FP32 and for the scalar path (one element per chunk: a register each, and the block version
+// would spill).
+template <typename T, int VEC>
+constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 
 // Pass 2 of dgamma / dbeta for the columns [col0, col0 + kReduceCols) of the [partial_rows, hidden]
 // partials, by `lanes` (<= kReduceRows) lanes of kReduceCols threads: thread (x, y) adds column
@@ -143,57 +137,59 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The sum of v over a team: a warp's shuffles, or the team's warps' sums through `slots` (the
-// team's own floats of shared memory, one per warp; this warp's is slots[warp]) between two
-// barriers of the team (the second lets the next sum reuse the slots).
-template <bool kWarpPerRow>
-__device__ __forceinline__ float team_sum(float v, float* slots, int warp, int team_in_block, int team_size) {
-  v = course::warp_reduce_sum(v);
-  if constexpr (kWarpPerRow) return v;
-  const int lane = threadIdx.x % course::kWarpSize;
-  if (lane == 0) slots[warp] = v;
-  team_barrier(1 + team_in_block, team_size);
-  v = course::warp_reduce_sum(lane < team_size / course::kWarpSize ? slots[lane] : 0.0f);
-  team_barrier(1 + team_in_block, team_size);
-  return v;
-}
-
-// Version 5's wait: until at most `pending` (0 .. kMaxRingSlots - 1) of this thread's cp.async groups
-// are in flight (wait_group takes an immediate).
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  static_assert(kMaxRingSlots == 4, "one case per possible count");
-  switch (pending) {
-    case 0: course::cp_async_wait<0>(); break;
-    case 1: course::cp_async_wait<1>(); break;
-    case 2: course::cp_async_wait<2>(); break;
-    default: course::cp_async_wait<3>(); break;
+// The sums of K values over a team, each v[k] replaced by its sum: a warp's shuffles, or the team's
+// warps' sums through `slots` (the team's own floats of shared memory, kTeamSums per warp; warp w's
+// v[k] at slots[k * warps + w]) between two barriers of the team (the second lets the next sums
+// reuse the slots). K values pay the two barriers once.
+constexpr int kTeamSums = 2;  // at most, at once
+template <bool kWarpPerRow, int K>
+__device__ __forceinline__ void team_sums(float (&v)[K], float* slots, int warp, int team_in_block, int team_size) {
+  static_assert(K <= kTeamSums, "slots hold kTeamSums floats per warp");
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = course::warp_reduce_sum(v[k]);
+  if constexpr (!kWarpPerRow) {
+    const int lane = threadIdx.x % course::kWarpSize;
+    const int warps = team_size / course::kWarpSize;
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) slots[k * warps + warp] = v[k];
+    }
+    team_barrier(1 + team_in_block, team_size);
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = course::warp_reduce_sum(lane < warps ? slots[k * warps + lane] : 0.0f);
+    team_barrier(1 + team_in_block, team_size);
   }
 }
 
-// Versions 1, 2 and 5. team_threads: the threads of a team (version 2; version 1's is a warp);
+// One value's sum over a team (team_sums of one).
+template <bool kWarpPerRow>
+__device__ __forceinline__ float team_sum(float v, float* slots, int warp, int team_in_block, int team_size) {
+  float one[1] = {v};
+  team_sums<kWarpPerRow>(one, slots, warp, team_in_block, team_size);
+  return one[0];
+}
+
+// Versions 1, 2 and 4. team_threads: the threads of a team (version 2; version 1's is a warp);
 // the block is blockDim.x / team_threads teams. partial_dgamma / partial_dbeta: [gridDim.x, hidden]
 // FP32, or nullptr (no parameter gradients); dgamma / dbeta [hidden] for pass 2 in this launch
 // (step 5, whose grid-wide barrier needs a cooperative launch), or nullptr (pass 2 left to
-// ln_param_reduce_kernel). gamma, dsum may be nullptr. ring_slots: version 5's rows per team (>= 1;
-// 0 in versions 1 and 2). Dynamic shared memory: Plan::smem_bytes, the largest of version 5's ring
-// (ring_bytes), step 4's tree (tree_bytes) and step 5's column sums (fold_bytes), one after another
-// in the same bytes.
-template <typename T, int VEC, bool kWarpPerRow, bool kRing>
+// ln_param_reduce_kernel). gamma, dsum may be nullptr. Dynamic shared memory: tree_bytes(teams per
+// block, team_threads), for step 4.
+template <typename T, int VEC, bool kWarpPerRow, bool kPrefetch>
 __global__ void __launch_bounds__(kBlockThreads)
 ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, const T* __restrict__ gamma,
                           const T* __restrict__ dsum, T* __restrict__ ds, float* __restrict__ partial_dgamma,
                           float* __restrict__ partial_dbeta, T* __restrict__ dgamma, T* __restrict__ dbeta,
-                          int64_t rows, int64_t hidden, float eps, int team_threads, int ring_slots) {
+                          int64_t rows, int64_t hidden, float eps, int team_threads) {
   constexpr int NV = kRowElems / VEC;  // chunks per thread
   static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
-  static_assert(!kRing || VEC * sizeof(T) == 16, "version 5 copies 16-byte chunks");
-  __shared__ float scratch[kBlockThreads / course::kWarpSize];
-  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  constexpr bool kEarlyDsum = VEC > 1;  // step 2 loads step 3's dsum (below)
+  __shared__ float scratch[kTeamSums * kBlockThreads / course::kWarpSize];
   const int team_size = kWarpPerRow ? course::kWarpSize : team_threads;
   const int teams_per_block = blockDim.x / team_size;
   const int team_in_block = threadIdx.x / team_size;
   const int rank = threadIdx.x % team_size;
-  float* slots = scratch + team_in_block * (team_size / course::kWarpSize);  // team_sum's
+  float* slots = scratch + team_in_block * kTeamSums * (team_size / course::kWarpSize);  // team_sums'
   const int warp = rank / course::kWarpSize;                                 // in the team
   const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
@@ -202,60 +198,38 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
   float acc_dbeta[NV][VEC] = {};   // ... and of dy
 
-  // Version 5: the ring, [ring_slots][arrays][NV][blockDim.x] 16-byte chunks (arrays: s, dy and
-  // dsum if given); thread t's chunk i of a row sits at [..][i][t], so a warp reads 512 consecutive
-  // bytes. fill(row, slot) issues this thread's copies of the row (none past the last row) and
-  // commits them as one group, so that every row is one group, empty or not; K_next is the first
-  // element of the team's next row (the shift of step 1), loaded a row ahead.
-  const int arrays = dsum != nullptr ? 3 : 2;
-  uint4* ring = reinterpret_cast<uint4*>(dynamic_smem);
-  auto chunk_at = [&](int slot, int array, int i) -> uint4& {
-    return ring[((slot * arrays + array) * NV + i) * blockDim.x + threadIdx.x];
-  };
-  auto fill = [&](int64_t row, int slot) {
-    if (row < rows) {
-      const int64_t base = row * hidden;
+  // Version 4: the row after this one, as loaded (s_next, dy_next) and its shift (K_next).
+  Chunk<T, VEC> s_next[NV], dy_next[NV];
+  T K_next{};
+  auto fetch = [&](int64_t row) {
+    const int64_t base = row * hidden;
+    K_next = s[base];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int64_t c = rank + static_cast<int64_t>(i) * team_size;
-        if (c < chunks) {
-          course::cp_async_16(course::smem_u32(&chunk_at(slot, 0, i)), s + base + c * VEC, true);
-          course::cp_async_16(course::smem_u32(&chunk_at(slot, 1, i)), dy + base + c * VEC, true);
-          if (dsum != nullptr) course::cp_async_16(course::smem_u32(&chunk_at(slot, 2, i)), dsum + base + c * VEC, true);
-        }
+    for (int i = 0; i < NV; ++i) {
+      const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+      if (c < chunks) {
+        s_next[i] = load_chunk<T, VEC>(s + base + c * VEC);
+        dy_next[i] = load_chunk<T, VEC>(dy + base + c * VEC);
       }
     }
-    course::cp_async_commit();
   };
-  T K_next{};
-  if constexpr (kRing) {
-    for (int slot = 0; slot < ring_slots; ++slot) fill(team + slot * teams, slot);
-    if (team < rows) K_next = s[team * hidden];
-  }
+  if (kPrefetch && team < rows) fetch(team);
 
-  int slot = 0;  // version 5: the ring slot of `row`
   for (int64_t row = team; row < rows; row += teams) {  // uniform over the team
     const int64_t base = row * hidden;
     // Step 1: the forward's statistics, recomputed: d = s - s[0] into registers, mean_d, then
     // the variance of d from the registers, rstd. dy is loaded here too (its loads fly with s's);
-    // version 5 waits for the row's copies (issued ring_slots rows ago) and reads them from its slot.
-    float K;
-    if constexpr (kRing) {
-      cp_async_wait_pending(ring_slots - 1);  // every group but the newest ring_slots - 1: this row's
-      K = to_float(K_next);
-      if (row + teams < rows) K_next = s[(row + teams) * hidden];
-    } else {
-      K = to_float(s[base]);
-    }
+    // version 4 converts the chunks fetched during the previous row and fetches the next row's.
+    const float K = kPrefetch ? to_float(K_next) : to_float(s[base]);
     float d[NV][VEC], g[NV][VEC];
     float local = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
       if (c < chunks) {
-        if constexpr (kRing) {
-          to_floats<T, VEC>(Chunk<T, VEC>{chunk_at(slot, 0, i)}, d[i]);
-          to_floats<T, VEC>(Chunk<T, VEC>{chunk_at(slot, 1, i)}, g[i]);
+        if constexpr (kPrefetch) {
+          to_floats<T, VEC>(s_next[i], d[i]);
+          to_floats<T, VEC>(dy_next[i], g[i]);
         } else {
           load_vec<T, VEC>(s + base + c * VEC, d[i]);
           load_vec<T, VEC>(dy + base + c * VEC, g[i]);
@@ -267,6 +241,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
+    if (kPrefetch && row + teams < rows) fetch(row + teams);
     const float mean_d = team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n;
     local = 0.0f;
 #pragma unroll
@@ -283,7 +258,17 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n + eps);
 
     // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
-    // dy * xhat and dy; the row sums take g and g * xhat.
+    // dy * xhat and dy; the row sums take g and g * xhat, both summed over the team at once. In
+    // 16-byte chunks (a few registers) dsum's chunks of the row, step 3's, are loaded first, so that
+    // they fly during the sums; the scalar path (a register per element) loads them in step 3.
+    Chunk<T, VEC> dsum_chunk[NV];
+    if (kEarlyDsum && dsum != nullptr) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t c = rank + static_cast<int64_t>(i) * team_size;
+        if (c < chunks) dsum_chunk[i] = load_chunk<T, VEC>(dsum + base + c * VEC);
+      }
+    }
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -303,19 +288,18 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float mean_g = team_sum<kWarpPerRow>(sum_g, slots, warp, team_in_block, team_size) / n;
-    const float mean_gx = team_sum<kWarpPerRow>(sum_gx, slots, warp, team_in_block, team_size) / n;
+    float sums[2] = {sum_g, sum_gx};
+    team_sums<kWarpPerRow>(sums, slots, warp, team_in_block, team_size);
+    const float mean_g = sums[0] / n, mean_gx = sums[1] / n;
 
-    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored. Version 5 then
-    // refills the slot with the row ring_slots rows ahead: every value of the slot has been read
-    // and used (the stores above depend on them), so the copies cannot overwrite one still unread.
+    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored.
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
       if (c < chunks) {
         float out[VEC], extra[VEC] = {};
         if (dsum != nullptr) {
-          if constexpr (kRing) to_floats<T, VEC>(Chunk<T, VEC>{chunk_at(slot, 2, i)}, extra);
+          if constexpr (kEarlyDsum) to_floats<T, VEC>(dsum_chunk[i], extra);
           else load_vec<T, VEC>(dsum + base + c * VEC, extra);
         }
 #pragma unroll
@@ -323,12 +307,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         store_vec<T, VEC>(ds + base + c * VEC, out);
       }
     }
-    if constexpr (kRing) {
-      fill(row + ring_slots * teams, slot);
-      slot = slot + 1 == ring_slots ? 0 : slot + 1;
-    }
   }
-  if constexpr (kRing) course::cp_async_wait<0>();  // (only empty groups are left: rows past the last)
 
   // Step 4 (pass 1 of dgamma / dbeta): the block's row of column partial sums. The block's teams
   // hold the same columns, thread `rank` of every team the same ones; of n teams, the last n / 2
@@ -337,8 +316,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   // 32 stores or loads of one k are 32 consecutive floats, no bank conflict. (Sums of columns past
   // the row are zeros.) A block without rows writes zeros, so pass 2 may add every row of the buffer.
   if (partial_dgamma == nullptr) return;  // uniform over the grid
-  float* tree = reinterpret_cast<float*>(dynamic_smem);  // [2][teams_per_block / 2][kRowElems][team_size]
-  if (kRing) __syncthreads();  // the tree takes the ring's bytes: every team is done with its ring
+  extern __shared__ float tree[];  // [2][teams_per_block / 2][kRowElems][team_size]
   const int tree_half = teams_per_block / 2 * kRowElems * team_size;
   for (int n = teams_per_block; n > 1; n = (n + 1) / 2) {
     const int half = (n + 1) / 2;  // teams [half, n) store, teams [0, n - half) add
@@ -382,8 +360,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   // time, block b the columns b * kReduceCols, then (b + gridDim.x) * kReduceCols, ...
   if (dgamma == nullptr) return;  // uniform over the grid
   cooperative_groups::this_grid().sync();
-  auto* sg = reinterpret_cast<float(*)[kReduceCols + 1]>(dynamic_smem);  // [kReduceRows][kReduceCols + 1]
-  auto* sb = sg + kReduceRows;                                             // the same, after it
+  __shared__ float sg[kReduceRows][kReduceCols + 1];
+  __shared__ float sb[kReduceRows][kReduceCols + 1];
   for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols; col0 < hidden;
        col0 += static_cast<int64_t>(gridDim.x) * kReduceCols) {
     add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
@@ -489,36 +467,10 @@ ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __
 
 enum class Version { kWarp, kBlock, kStreaming };
 
-// Versions 1, 2 and 5: the shared memory of step 4's tree. A round stores the kRowElems column sums
-// of each thread of at most half the block's teams, for dgamma and dbeta (at most 32 KB).
+// Versions 1 and 2: the shared memory of step 4's tree. A round stores the kRowElems column sums of
+// each thread of at most half the block's teams, for dgamma and dbeta (at most 32 KB).
 size_t tree_bytes(int teams_per_block, int team_threads) {
   return 2 * sizeof(float) * (teams_per_block / 2) * kRowElems * team_threads;
-}
-
-// Step 5's column sums of a block: sg and sb, kReduceRows lanes of kReduceCols + 1 floats each.
-constexpr size_t kFoldBytes = 2 * sizeof(float) * kReduceRows * (kReduceCols + 1);
-
-// Version 5: one slot of the ring for a block of `threads`: kRowElems elements of s, dy (and dsum)
-// per thread.
-size_t ring_slot_bytes(int threads, size_t elem_bytes, bool with_dsum) {
-  return static_cast<size_t>(threads) * kRowElems * elem_bytes * (with_dsum ? 3 : 2);
-}
-
-// The slots of the ring that fit when `resident` blocks of `threads` share an SM (all must be
-// resident: the cooperative launch): the SM's shared memory, less what the system reserves per block
-// and the kernel's static arrays, split between them, and no more than a block may have.
-int ring_slots_that_fit(int threads, int64_t resident, size_t elem_bytes, bool with_dsum) {
-  int device = 0, per_sm = 0, reserved = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  const int64_t static_bytes = sizeof(float) * (kBlockThreads / course::kWarpSize);  // scratch
-  const int64_t per_block = std::min<int64_t>(per_sm / resident - reserved - static_bytes,
-                                              course::shared_memory_per_block(device) - static_bytes);
-  const int64_t slots = per_block / static_cast<int64_t>(ring_slot_bytes(threads, elem_bytes, with_dsum));
-  TORCH_CHECK(slots >= 1, "layer_norm_backward: a row of ", threads, " threads does not fit in this GPU's ", per_sm,
-              " bytes of shared memory per SM");
-  return static_cast<int>(std::min<int64_t>(slots, kMaxRingSlots));
 }
 
 struct Plan {
@@ -529,7 +481,6 @@ struct Plan {
   int64_t blocks;
   int64_t partial_rows;  // rows of partial sums: one per block
   bool fold;             // pass 2 in pass 1's launch (cooperative; versions 1 and 2 with teams sharing blocks)
-  int ring_slots;        // version 5 (versions 1 and 2 in 16-byte chunks): rows of the ring per team; else 0
 };
 
 // Blocks of `threads` threads per SM for about kWarpsPerSM warps in flight, rounded down; at least one.
@@ -566,9 +517,6 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
     // The fold measured faster where teams share blocks (hidden <= 2048), slower with one team of 8
     // warps or more per block (hidden 4096: twice the blocks, half the lanes each for the sums).
     p.fold = p.team_threads < kSoloTeamThreads;
-    if (kRingRows<kVec16<T>> && vec) {
-      p.ring_slots = ring_slots_that_fit(p.threads, blocks_per_sm(p.threads), sizeof(T), dsum != nullptr);
-    }
   } else {
     p.version = Version::kStreaming;
     p.threads = kStreamingThreads;
@@ -578,32 +526,23 @@ Plan make_plan(const void* dy, const void* s, const void* gamma, const void* dsu
   return p;
 }
 
-// Versions 1, 2 and 5: a cooperative launch where pass 2 is folded in (step 5 waits on every block),
-// else a plain one. Dynamic shared memory: the largest of the ring, the tree and step 5's sums.
+// Versions 1 and 2: a cooperative launch where pass 2 is folded in (step 5 waits on every block),
+// else a plain one.
 template <typename T, int VEC, bool kWarpPerRow>
 void launch_cached(const Plan& p, const T* dy, const T* s, const T* gamma, const T* dsum, T* ds, float* pg, float* pb,
                    T* dgamma, T* dbeta, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
-  constexpr auto kernel = ln_backward_cached_kernel<T, VEC, kWarpPerRow, kRingRows<VEC>>;
+  auto* kernel = ln_backward_cached_kernel<T, VEC, kWarpPerRow, kPrefetchRows<T, VEC>>;
   const unsigned blocks = static_cast<unsigned>(p.blocks);
-  int team_threads = p.team_threads, ring_slots = p.ring_slots;
-  const bool fold = pg != nullptr && p.fold;
-  const size_t smem = std::max({p.ring_slots * ring_slot_bytes(p.threads, sizeof(T), dsum != nullptr),
-                                pg == nullptr ? 0 : tree_bytes(p.threads / p.team_threads, p.team_threads),
-                                fold ? kFoldBytes : 0});
-  if (kRingRows<VEC>) {
-    int device = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    course::opt_in_shared_memory<kernel>(device, course::shared_memory_per_block(device));
-  }
-  if (!fold) {
-    kernel<<<blocks, p.threads, smem, stream>>>(dy, s, gamma, dsum, ds, pg, pb, nullptr, nullptr, rows, hidden, eps,
-                                                team_threads, ring_slots);
+  int team_threads = p.team_threads;
+  const size_t tree = pg == nullptr ? 0 : tree_bytes(p.threads / p.team_threads, p.team_threads);
+  if (pg == nullptr || !p.fold) {
+    kernel<<<blocks, p.threads, tree, stream>>>(dy, s, gamma, dsum, ds, pg, pb, nullptr, nullptr, rows, hidden, eps,
+                                                team_threads);
     return;
   }
-  void* args[] = {&dy, &s, &gamma, &dsum, &ds, &pg, &pb, &dgamma, &dbeta, &rows, &hidden, &eps, &team_threads,
-                  &ring_slots};
+  void* args[] = {&dy, &s, &gamma, &dsum, &ds, &pg, &pb, &dgamma, &dbeta, &rows, &hidden, &eps, &team_threads};
   C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(p.threads), args,
-                                             smem, stream));
+                                             tree, stream));
 }
 
 template <typename T, int VEC>
