@@ -140,8 +140,10 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // The sums of K values over a team, each v[k] replaced by its sum: a warp's shuffles, or the team's
 // warps' sums through `slots` (the team's own floats of shared memory, kTeamSums per warp; warp w's
 // v[k] at slots[k * warps + w]) between two barriers of the team (the second lets the next sums
-// reuse the slots). K values pay the two barriers once.
-constexpr int kTeamSums = 2;  // at most, at once
+// reuse the slots). K values pay the two barriers once. The warps' sums are added by every thread:
+// for a few warps one broadcast load and one add each, in warp order; for more, a warp's shuffles.
+constexpr int kTeamSums = 2;       // at most, at once
+constexpr int kReadAllWarps = 4;   // teams of up to this many warps add the warps' sums one by one
 template <bool kWarpPerRow, int K>
 __device__ __forceinline__ void team_sums(float (&v)[K], float* slots, int warp, int team_in_block, int team_size) {
   static_assert(K <= kTeamSums, "slots hold kTeamSums floats per warp");
@@ -155,8 +157,19 @@ __device__ __forceinline__ void team_sums(float (&v)[K], float* slots, int warp,
       for (int k = 0; k < K; ++k) slots[k * warps + warp] = v[k];
     }
     team_barrier(1 + team_in_block, team_size);
+    if (warps <= kReadAllWarps) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = course::warp_reduce_sum(lane < warps ? slots[k * warps + lane] : 0.0f);
+      for (int k = 0; k < K; ++k) {
+        v[k] = slots[k * warps];
+#pragma unroll
+        for (int w = 1; w < kReadAllWarps; ++w) {
+          if (w < warps) v[k] += slots[k * warps + w];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = course::warp_reduce_sum(lane < warps ? slots[k * warps + lane] : 0.0f);
+    }
     team_barrier(1 + team_in_block, team_size);
   }
 }
@@ -194,7 +207,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
   const int64_t chunks = hidden / VEC;
-  const float n = static_cast<float>(hidden);
+  const float inv_n = 1.0f / static_cast<float>(hidden);  // a mean is a sum times inv_n (a multiply, not a division per row)
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
   float acc_dbeta[NV][VEC] = {};   // ... and of dy
 
@@ -242,7 +255,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       }
     }
     if (kPrefetch && row + teams < rows) fetch(row + teams);
-    const float mean_d = team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n;
+    const float mean_d = team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) * inv_n;
     local = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -255,7 +268,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         }
       }
     }
-    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) / n + eps);
+    const float rstd = rsqrtf(team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size) * inv_n + eps);
 
     // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
     // dy * xhat and dy; the row sums take g and g * xhat, both summed over the team at once. In
@@ -270,6 +283,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       }
     }
     float sum_g = 0.0f, sum_gx = 0.0f;
+    const float xhat_shift = -mean_d * rstd;  // xhat = d * rstd + xhat_shift: one FMA
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
@@ -278,7 +292,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float xhat = (d[i][e] - mean_d) * rstd;
+          const float xhat = fmaf(d[i][e], rstd, xhat_shift);
           d[i][e] = xhat;
           acc_dgamma[i][e] += g[i][e] * xhat;
           acc_dbeta[i][e] += g[i][e];
@@ -290,9 +304,11 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     }
     float sums[2] = {sum_g, sum_gx};
     team_sums<kWarpPerRow>(sums, slots, warp, team_in_block, team_size);
-    const float mean_g = sums[0] / n, mean_gx = sums[1] / n;
+    const float mean_g = sums[0] * inv_n, mean_gx = sums[1] * inv_n;
 
-    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored.
+    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored; as
+    // rstd * g + (a * xhat + b), two FMAs, with a = -rstd * mean(g * xhat) and b = -rstd * mean(g).
+    const float a = -rstd * mean_gx, b = -rstd * mean_g;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
@@ -303,7 +319,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
           else load_vec<T, VEC>(dsum + base + c * VEC, extra);
         }
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) out[e] = rstd * (g[i][e] - mean_g - d[i][e] * mean_gx) + extra[e];
+        for (int e = 0; e < VEC; ++e) out[e] = fmaf(rstd, g[i][e], fmaf(a, d[i][e], b)) + extra[e];
         store_vec<T, VEC>(ds + base + c * VEC, out);
       }
     }
