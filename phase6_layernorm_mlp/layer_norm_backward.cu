@@ -283,7 +283,6 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       }
     }
     float sum_g = 0.0f, sum_gx = 0.0f;
-    const float xhat_shift = -mean_d * rstd;  // xhat = d * rstd + xhat_shift: one FMA
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
@@ -292,7 +291,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float xhat = fmaf(d[i][e], rstd, xhat_shift);
+          const float xhat = (d[i][e] - mean_d) * rstd;
           d[i][e] = xhat;
           acc_dgamma[i][e] += g[i][e] * xhat;
           acc_dbeta[i][e] += g[i][e];
@@ -306,9 +305,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     team_sums<kWarpPerRow>(sums, slots, warp, team_in_block, team_size);
     const float mean_g = sums[0] * inv_n, mean_gx = sums[1] * inv_n;
 
-    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored; as
-    // rstd * g + (a * xhat + b), two FMAs, with a = -rstd * mean(g * xhat) and b = -rstd * mean(g).
-    const float a = -rstd * mean_gx, b = -rstd * mean_g;
+    // Step 3: ds = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum), stored; g - mean(g) first,
+    // so that what cancels there cancels exactly (rstd * g - rstd * mean(g) would not).
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t c = rank + static_cast<int64_t>(i) * team_size;
@@ -319,7 +317,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
           else load_vec<T, VEC>(dsum + base + c * VEC, extra);
         }
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) out[e] = fmaf(rstd, g[i][e], fmaf(a, d[i][e], b)) + extra[e];
+        for (int e = 0; e < VEC; ++e) out[e] = rstd * (g[i][e] - mean_g - d[i][e] * mean_gx) + extra[e];
         store_vec<T, VEC>(ds + base + c * VEC, out);
       }
     }
