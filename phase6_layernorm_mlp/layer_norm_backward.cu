@@ -142,8 +142,8 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // v[k] at slots[k * warps + w]) between two barriers of the team (the second lets the next sums
 // reuse the slots). K values pay the two barriers once. The warps' sums are added by every thread:
 // for a few warps one broadcast load and one add each, in warp order; for more, a warp's shuffles.
-constexpr int kTeamSums = 2;       // at most, at once
-constexpr int kReadAllWarps = 4;   // teams of up to this many warps add the warps' sums one by one
+constexpr int kTeamSums = 2;      // at most, at once
+constexpr int kReadAllWarps = 4;  // teams of up to this many warps add the warps' sums one by one
 template <bool kWarpPerRow, int K>
 __device__ __forceinline__ void team_sums(float (&v)[K], float* slots, int warp, int team_in_block, int team_size) {
   static_assert(K <= kTeamSums, "slots hold kTeamSums floats per warp");
@@ -203,11 +203,11 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   const int team_in_block = threadIdx.x / team_size;
   const int rank = threadIdx.x % team_size;
   float* slots = scratch + team_in_block * kTeamSums * (team_size / course::kWarpSize);  // team_sums'
-  const int warp = rank / course::kWarpSize;                                 // in the team
+  const int warp = rank / course::kWarpSize;                                              // in the team
   const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
   const int64_t chunks = hidden / VEC;
-  const float inv_n = 1.0f / static_cast<float>(hidden);  // a mean is a sum times inv_n (a multiply, not a division per row)
+  const float inv_n = 1.0f / static_cast<float>(hidden);  // a mean: a sum times inv_n (no division per row)
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
   float acc_dbeta[NV][VEC] = {};   // ... and of dy
 
