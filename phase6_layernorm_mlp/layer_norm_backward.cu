@@ -196,7 +196,10 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
                           int64_t rows, int64_t hidden, float eps, int team_threads) {
   constexpr int NV = kRowElems / VEC;  // chunks per thread
   static_assert(kRowElems % VEC == 0, "a thread holds whole chunks");
-  constexpr bool kEarlyDsum = VEC > 1;  // step 2 loads step 3's dsum (below)
+  // Rows in 16-byte chunks leave registers to spare: there step 2 loads step 3's dsum early and a
+  // mean is its sum times 1/n. The scalar path (a register per element) keeps step 3's load and the
+  // division: with either change ptxas spilled 76-132 bytes in its block version.
+  constexpr bool kSpareRegisters = VEC > 1;
   __shared__ float scratch[kTeamSums * kBlockThreads / course::kWarpSize];
   const int team_size = kWarpPerRow ? course::kWarpSize : team_threads;
   const int teams_per_block = blockDim.x / team_size;
@@ -207,10 +210,8 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
   const int64_t team = static_cast<int64_t>(blockIdx.x) * teams_per_block + team_in_block;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * teams_per_block;
   const int64_t chunks = hidden / VEC;
-  // A row's mean: its sum times 1/n, no division per row, where rows are in 16-byte chunks. The scalar
-  // path keeps the division: with the multiply, ptxas spilled 112-132 bytes in its block version.
   const float n = static_cast<float>(hidden), inv_n = 1.0f / n;
-  auto mean_of = [&](float sum) { return VEC > 1 ? sum * inv_n : sum / n; };
+  auto mean_of = [&](float sum) { return kSpareRegisters ? sum * inv_n : sum / n; };  // no division per row
   float acc_dgamma[NV][VEC] = {};  // this thread's columns: sum over its team's rows of dy * xhat
   float acc_dbeta[NV][VEC] = {};   // ... and of dy
 
@@ -278,7 +279,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
     // 16-byte chunks (a few registers) dsum's chunks of the row, step 3's, are loaded first, so that
     // they fly during the sums; the scalar path (a register per element) loads them in step 3.
     Chunk<T, VEC> dsum_chunk[NV];
-    if (kEarlyDsum && dsum != nullptr) {
+    if (kSpareRegisters && dsum != nullptr) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t c = rank + static_cast<int64_t>(i) * team_size;
@@ -316,7 +317,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       if (c < chunks) {
         float out[VEC], extra[VEC] = {};
         if (dsum != nullptr) {
-          if constexpr (kEarlyDsum) to_floats<T, VEC>(dsum_chunk[i], extra);
+          if constexpr (kSpareRegisters) to_floats<T, VEC>(dsum_chunk[i], extra);
           else load_vec<T, VEC>(dsum + base + c * VEC, extra);
         }
 #pragma unroll
