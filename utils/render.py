@@ -53,10 +53,7 @@ def cell(column: dict, row: dict, rows: list[dict], ceilings: dict):
     peer's `key` / this row's `key`); {"share_of": ceiling, "key": field, "scale": s} =
     field * scale / ceilings[ceiling]. A dotted key reads a nested field ('us.attention')."""
     if "speedup_over" in column:
-        key = column.get("key", "ms")
-        peer = peer_row(rows, row, column["speedup_over"])
-        theirs, ours = (field(peer, key) if peer else None), field(row, key)
-        return theirs / ours if theirs is not None and ours else None
+        return speedup(row, peer_row(rows, row, column["speedup_over"]), column.get("key", "ms"))
     value = field(row, column["key"])
     if value is None or isinstance(value, (str, bool)):
         return value
@@ -65,6 +62,12 @@ def cell(column: dict, row: dict, rows: list[dict], ceilings: dict):
         ceiling = ceilings.get(column["share_of"])
         return value / ceiling if ceiling else None
     return value
+
+
+def speedup(row: dict, other: dict | None, key: str = "ms"):
+    """How many times faster `row` is than `other`: other's `key` / row's (None without both)."""
+    theirs, ours = (field(other, key) if other else None), field(row, key)
+    return theirs / ours if theirs is not None and ours else None
 
 
 def kernel_name(name: str) -> str:
@@ -149,8 +152,9 @@ def _sort_key(row: dict, key):
 
 def target_lines(table: dict, manifest: dict) -> list[str]:
     """A table of declared targets: each compares one row's speed with a peer's (`at_least`, a
-    ratio of the peer's ms to the row's, or of the peer's `key` to the row's) or one field with a
-    bound (`key` and `at_least`; with `share_of`, the field as a share of that measured ceiling)."""
+    ratio of the peer's ms to the row's, or of the peer's `key` to the row's), with the same impl's
+    row where the fields of `against` differ (the same ratio), or one field with a bound (`key` and
+    `at_least`; with `share_of`, the field as a share of that measured ceiling)."""
     doc, source = load_doc(manifest, table.get("source"))
     if doc is None:
         return [f"_No results yet: {source.name} is written by a GPU run._"]
@@ -158,10 +162,15 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
     lines = ["| target | measured | needed | met |", "|---|---|---|---|"]
     for target in table["targets"]:
         found = [r for r in rows if matches(r, target["where"])]
-        column = {"speedup_over": target["peer"], "key": target.get("key", "ms"), "format": "x"} if "peer" in target else \
-            {"key": target["key"], "scale": target.get("scale", 1), "format": target.get("format"),
-             **({"share_of": target["share_of"]} if "share_of" in target else {})}
-        value = cell(column, found[0], rows, doc.get("ceilings", {})) if found else None
+        if "against" in target:
+            column = {"format": "x"}
+            other = [r for r in rows if matches(r, {**target["where"], **target["against"]})]
+            value = speedup(found[0], other[0] if other else None, target.get("key", "ms")) if found else None
+        else:
+            column = {"speedup_over": target["peer"], "key": target.get("key", "ms"), "format": "x"} if "peer" in target \
+                else {"key": target["key"], "scale": target.get("scale", 1), "format": target.get("format"),
+                      **({"share_of": target["share_of"]} if "share_of" in target else {})}
+            value = cell(column, found[0], rows, doc.get("ceilings", {})) if found else None
         need = formatted(column, target["at_least"])
         met = None if value is None else value >= target["at_least"]
         lines.append(f"| {target['name']} | {formatted(column, value)} | ≥ {need} | {fmt(met)} |")

@@ -72,6 +72,24 @@ def test_targets_table_says_met_or_not(tmp_path):
     assert "| half of copy | 150% | ≥ 40% | yes |" in text
 
 
+def test_target_against_the_same_impl_on_another_problem(tmp_path):
+    """`against`: the row's speed-up over the row of `where` with some fields changed (here the
+    peer at S=128 over itself at S=256: 4 ms / 1 ms); a missing other row gives no value, not met."""
+    targets = {"name": "goals", "kind": "targets", "targets": [
+        {"name": "short over long", "where": {"impl": "peer", "Sq": 128}, "against": {"Sq": 256, "Sk": 256},
+         "at_least": 4.0},
+        {"name": "long over short", "where": {"impl": "peer", "Sq": 256}, "against": {"Sq": 128, "Sk": 128},
+         "at_least": 1.0},
+        {"name": "no such row", "where": {"impl": "ours", "Sq": 128}, "against": {"Sq": 256, "Sk": 256},
+         "at_least": 1.0}]}
+    manifest = make_folder(tmp_path, [targets])
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "| short over long | 4.00x | ≥ 4.00x | yes |" in text
+    assert "| long over short | 0.25x | ≥ 1.00x | no |" in text
+    assert "| no such row | – | ≥ 1.00x | – |" in text
+
+
 def test_target_on_a_share_of_a_ceiling(tmp_path):
     targets = {"name": "goals", "kind": "targets", "targets": [
         {"name": "90% of copy", "where": {"impl": "ours", "Sq": 128}, "key": "gbps", "scale": 1e-3,
