@@ -87,6 +87,28 @@ def try_attention_rows(impls: dict[str, Callable], q, k, v, causal: bool, ref=No
     return {impl: timed_row(impl, impls[impl], q, k, v, causal, ms[impl], ref, op) for impl in runs}
 
 
+def grouped_rows(impls: dict[str, Callable], q, kv: dict[int, tuple], causal: bool, **timing) -> list[dict]:
+    """Grouped-query rows (op attention_gqa, field H_kv): every implementation on q over the k, v of
+    each H_kv (kv: H_kv -> (k, v)), every pair timed in the same turns (time_in_turns), so that the
+    same kernel's times at different H_kv, the ratio "no loss from sharing" asks for, come from the
+    same rounds. A pair whose first call runs out of memory or is rejected is left out with a note."""
+    runs = {}
+    for impl, fn in impls.items():
+        for H_kv, (k, v) in kv.items():
+            try:
+                fn(q, k, v, causal)
+            except SKIPPED as exc:
+                skip_note(f"{impl} (H_kv={H_kv})", q, exc)
+                continue
+            runs[impl, H_kv] = lambda fn=fn, k=k, v=v: fn(q, k, v, causal)
+    ms = time_in_turns(runs, **timing)
+    rows = []
+    for (impl, H_kv), median in ms.items():
+        k, v = kv[H_kv]
+        rows.append({**timed_row(impl, impls[impl], q, k, v, causal, median, op="attention_gqa"), "H_kv": H_kv})
+    return rows
+
+
 def numbered_versions(rows: list[dict | None], ideas: list[str]) -> list[dict]:
     """The rows of a lesson's versions, timed in lesson order on the same inputs (None: a version
     that did not run): each gets its number from 1, the idea it adds and its speed-up over the

@@ -47,14 +47,17 @@ SDPA_BACKENDS = {
 
 
 def sdpa(backend_name: str):
-    """torch SDPA pinned to one backend (a key of SDPA_BACKENDS)."""
+    """torch SDPA pinned to one backend (a key of SDPA_BACKENDS). k and v may have fewer heads than q
+    (grouped-query attention), as in the course's kernels: SDPA's enable_gqa, only then."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, SDPA_BACKENDS[backend_name])
 
     def run(q, k, v, mask=None, is_causal=False, scale=None):
+        grouped = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
         with sdpa_kernel([backend]), no_tf32():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                                  **grouped)
 
     return run
 

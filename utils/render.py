@@ -135,8 +135,9 @@ def table_lines(table: dict, manifest: dict) -> list[str]:
         if bold and matches(r, bold):
             cells[0] = f"**{cells[0]}**"
         lines.append("| " + " | ".join(cells) + " |")
-    if len(lines) == 2:
-        lines.append("| " + " | ".join(["–"] * len(columns)) + " |")
+    if not chosen:
+        return [f"_No rows yet: the run in {source.name} (commit {doc['env']['commit']}) measured none of "
+                "this table; its script's next GPU run does._"]
     return [*lines, "", environment(doc, source)]
 
 

@@ -87,6 +87,37 @@ def test_attention_rows_are_timed_together_and_leave_out_what_rejects_the_inputs
     assert "rejects: skipped at S=5 (D=7 is not supported)" in capsys.readouterr().out
 
 
+def test_grouped_rows_time_every_implementation_at_every_H_kv_in_the_same_turns(monkeypatch, capsys):
+    """grouped_rows: one time_in_turns call over every (implementation, H_kv) pair, in that order;
+    each row carries its H_kv, its median and the bytes of its K/V heads; a pair that rejects the
+    inputs is left out, by name and H_kv."""
+    from utils import attention_bench
+
+    timed = []
+
+    def fake_turns(fns, **timing):
+        timed.append(list(fns))
+        return {name: 2.0 + i for i, name in enumerate(fns)}
+
+    def only_whole_heads(q, k, v, causal):
+        if k.shape[1] != q.shape[1]:
+            raise ValueError("one K/V head per query head")
+        return q
+
+    monkeypatch.setattr(attention_bench, "time_in_turns", fake_turns)
+    monkeypatch.setattr(attention_bench, "peak_extra_mb", lambda fn: 0.0)
+    q = torch.randn(1, 4, 5, 8, dtype=torch.float64)
+    kv = {H_kv: (torch.randn(1, H_kv, 5, 8, dtype=torch.float64),) * 2 for H_kv in (4, 1)}
+    impls = {"grouped": lambda q, k, v, causal: q, "whole": only_whole_heads}
+    rows = attention_bench.grouped_rows(impls, q, kv, False)
+    assert timed == [[("grouped", 4), ("grouped", 1), ("whole", 4)]]
+    assert [(r["impl"], r["H_kv"], r["ms"], r["op"]) for r in rows] == [
+        ("grouped", 4, 2.0, "attention_gqa"), ("grouped", 1, 3.0, "attention_gqa"), ("whole", 4, 4.0, "attention_gqa")]
+    traffic = [r["gbps"] * r["ms"] for r in rows]  # bytes, up to a constant
+    assert traffic[0] > traffic[1] and traffic[0] == pytest.approx(traffic[2])  # K/V of H_kv heads only
+    assert "whole (H_kv=1): skipped at S=5 (one K/V head per query head)" in capsys.readouterr().out
+
+
 def test_sweep_prints_each_config_with_the_count_and_the_time_left(capsys):
     from utils.bench import sweep
 

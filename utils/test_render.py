@@ -99,6 +99,14 @@ def test_target_on_a_share_of_a_ceiling(tmp_path):
     assert "| 90% of copy | 50% | ≥ 90% | no |" in (tmp_path / "README.md").read_text()
 
 
+def test_a_table_without_rows_says_so_instead_of_a_stamp(tmp_path):
+    manifest = make_folder(tmp_path, [{"name": "t1", "where": {"Sq": 999}, "columns": [{"key": "impl"}]}])
+    render.render_tables(manifest)
+    text = (tmp_path / "README.md").read_text()
+    assert "No rows yet: the run in metrics.json (commit abc1234) measured none of this table" in text
+    assert "| impl |" not in text and "Test GPU" not in text
+
+
 def test_missing_results_leave_a_note(tmp_path):
     manifest = make_folder(tmp_path, [{"name": "t1", "source": "results/none.json", "columns": [{"key": "impl"}]}])
     render.render_tables(manifest)

@@ -6,10 +6,14 @@
    number and the idea it adds) beside cuDNN (sdpa_cudnn), FlashAttention-2 (sdpa_flash) and the
    mma.sync kernel of the previous lesson (phase5_fused_tc), on the same inputs in the same run,
    timed in turns (utils.bench.time_in_turns: one sample of each per round).
-2. Nsight Compute on one non-causal FP16 call of every version and of sdpa_cudnn at S=4096, D=64
+2. Grouped-query prefill (op attention_gqa): the default version at B=4, H=32 query heads over
+   H_kv in {32, 8} KV heads, S=4096, D=128, FP16, causal and not, beside the mma.sync kernel,
+   sdpa_flash and sdpa_cudnn (enable_gqa; a backend that refuses it is left out with a note),
+   every (impl, H_kv) pair of a causal setting timed in the same turns.
+3. Nsight Compute on one non-causal FP16 call of every version and of sdpa_cudnn at S=4096, D=64
    and 128, with the warp-state and pipe counters (this script's --profile-target); the records
    are named impl_D<D>.
-3. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
+4. results/metrics.json, then the tables and plots that manifest.json declares (utils.render).
 Without a GPU it measures nothing and renders from the committed results; on a GPU that is not
 sm_90 it stops with the reason. --quick: FP16 at S in {1024, 4096}, shorter timing, written to
 results/quick/metrics.json, not rendered. About 3 minutes on an H100 (--quick: under one).
@@ -44,6 +48,8 @@ ADDS = {"v1_wgmma_tma": "TMA loads into an mbarrier ring, wgmma for both matmuls
         "v6_persistent": "persistent CTAs (causal tiles longest first), the K/V ring and Q carried across tiles, no turns",
         "v7_split_tail": "non-causal: the last partial wave's tiles cut along the keys, merged by logsumexp",
         "v8_stream_k": "non-causal, D=128: v6's last round cut into even shares of key blocks per CTA"}
+# Grouped-query prefill: B, H query heads, the H_kv values compared, S, D (op attention_gqa).
+GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
 PROFILE_D = HEAD_DIMS
 CUDNN = "sdpa_cudnn"
 
@@ -106,6 +112,30 @@ def benchmark(quick: bool) -> list[dict]:
         return list(rows.values())
 
     return sweep(configs, run_config, "hopper attention")
+
+
+def gqa_rows(quick: bool) -> list[dict]:
+    """The default version on H query heads over each H_kv of KV heads (the same q), beside the
+    mma.sync kernel and both library kernels: sharing K/V should cost nothing."""
+    from utils.attention_bench import grouped_rows
+    from utils.peers import sdpa
+
+    impls = {IMPL: lambda q, k, v, c: hopper.attention(q, k, v, is_causal=c),
+             TC_IMPL: lambda q, k, v, c: tensor_cores.attention(q, k, v, is_causal=c)}
+    for name in PEERS:
+        impls[name] = lambda q, k, v, c, fn=sdpa(name): fn(q, k, v, is_causal=c)
+    B, H, D = GQA["B"], GQA["H"], GQA["D"]
+    S = GQA["S"] // 4 if quick else GQA["S"]
+    rows = []
+    for causal in (False, True):
+        gen = torch.Generator(device="cuda").manual_seed(11 + causal)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen)
+        kv = {H_kv: tuple(torch.randn(B, H_kv, S, D, device="cuda", dtype=torch.float16, generator=gen)
+                          for _ in range(2)) for H_kv in GQA["H_kv"]}
+        rows += grouped_rows(impls, q, kv, causal, **timing(quick))
+        del q, kv
+        torch.cuda.empty_cache()
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,7 +214,7 @@ def measure(args) -> Path:
 
     hopper.check_hopper(torch.device("cuda"))
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
-    rows = benchmark(args.quick)
+    rows = benchmark(args.quick) + gqa_rows(args.quick)
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 

@@ -5,7 +5,8 @@
    torch_naive, and the previous lesson's FP32 kernel (phase5_fused, on the same values in FP32),
    on the same inputs in the same run; the FP16 ones timed in turns (utils.bench.time_in_turns).
 2. Grouped-query prefill (op attention_gqa): B=4, H=32 query heads over H_kv in {32, 8} KV heads,
-   S=4096, D=128, causal and not, beside sdpa_flash with enable_gqa (where this torch takes it).
+   S=4096, D=128, causal and not, beside sdpa_flash with enable_gqa, every (impl, H_kv) pair of a
+   causal setting timed in the same turns.
    Sliding window (op attention_window): B=4, H=8, S=8192, D=128, causal, window in {256, 1024,
    4096, none}, each row with its speed-up over no window, beside sdpa_efficient given the same
    window as a boolean mask (a mask hides scores but skips no work). TFLOP/s count the visible
@@ -121,32 +122,24 @@ def benchmark(seq_lens) -> list[dict]:
 
 
 def gqa_rows(quick) -> list[dict]:
-    """phase5_fused_tc on H query heads over H_kv KV heads (the same q for every H_kv), beside
-    sdpa_flash with enable_gqa: sharing K/V should cost nothing (same time at H_kv = H / 4)."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """phase5_fused_tc on H query heads over each H_kv of KV heads (the same q), beside sdpa_flash
+    with enable_gqa, every pair timed in the same turns: sharing K/V should cost nothing (the same
+    time at H_kv = H / 4 as at H_kv = H)."""
+    from utils.attention_bench import grouped_rows
+    from utils.peers import sdpa
 
-    from utils.attention_bench import try_attention_row
-
-    def flash_gqa(q, k, v, causal):
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
-
+    flash = sdpa("sdpa_flash")
+    impls = {IMPL: tc_fn, "sdpa_flash": lambda q, k, v, causal: flash(q, k, v, is_causal=causal)}
     B, H, D = GQA["B"], GQA["H"], GQA["D"]
     S = GQA["S"] // 4 if quick else GQA["S"]
     rows = []
     for causal in (False, True):
         gen = torch.Generator(device="cuda").manual_seed(7 + causal)
         q = torch.randn(B, H, S, D, device="cuda", dtype=DTYPE, generator=gen)
-        for H_kv in GQA["H_kv"]:
-            k, v = (torch.randn(B, H_kv, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(2))
-            for name, fn in ((IMPL, tc_fn), ("sdpa_flash", flash_gqa)):
-                row = try_attention_row(name, fn, q, k, v, causal, op="attention_gqa")
-                if row is not None:
-                    row["H_kv"] = H_kv
-                    rows.append(row)
-            del k, v
-        del q
+        kv = {H_kv: tuple(torch.randn(B, H_kv, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(2))
+              for H_kv in GQA["H_kv"]}
+        rows += grouped_rows(impls, q, kv, causal)
+        del q, kv
         torch.cuda.empty_cache()
     return rows
 
