@@ -151,6 +151,23 @@ def _sort_key(row: dict, key):
     return (value is None, 0 if value is None else int(value) if isinstance(value, bool) else value)
 
 
+def measured_against(column: dict, value, bound: float) -> str:
+    """A target's measured value as `formatted` writes it, with one or two more digits where it
+    would otherwise print as the bound itself (0.998x under a bound of 1.00x reads "1.00x ... no")."""
+    text = formatted(column, value)
+    if value is None or value == bound or text != formatted(column, bound):
+        return text
+    ratio = column.get("format") == "x"
+    if not ratio and column.get("format") != "pct" and "share_of" not in column:
+        return text
+    for extra in (1, 2):
+        text, same = ((f"{value:.{2 + extra}f}x", f"{bound:.{2 + extra}f}x") if ratio else
+                      (f"{100 * value:.{extra}f}%", f"{100 * bound:.{extra}f}%"))
+        if text != same:
+            break
+    return text
+
+
 def target_lines(table: dict, manifest: dict) -> list[str]:
     """A table of declared targets: each compares one row's speed with a peer's (`at_least`, a
     ratio of the peer's ms to the row's, or of the peer's `key` to the row's), with the same impl's
@@ -174,7 +191,8 @@ def target_lines(table: dict, manifest: dict) -> list[str]:
             value = cell(column, found[0], rows, doc.get("ceilings", {})) if found else None
         need = formatted(column, target["at_least"])
         met = None if value is None else value >= target["at_least"]
-        lines.append(f"| {target['name']} | {formatted(column, value)} | ≥ {need} | {fmt(met)} |")
+        lines.append(f"| {target['name']} | {measured_against(column, value, target['at_least'])} | ≥ {need} | "
+                     f"{fmt(met)} |")
     return [*lines, "", environment(doc, source)]
 
 

@@ -90,6 +90,16 @@ def test_target_against_the_same_impl_on_another_problem(tmp_path):
     assert "| no such row | – | ≥ 1.00x | – |" in text
 
 
+def test_a_target_value_that_rounds_to_its_bound_gets_more_digits():
+    ratio, pct = {"format": "x"}, {"format": "pct"}
+    assert render.measured_against(ratio, 0.9983, 1.0) == "0.998x"
+    assert render.measured_against(ratio, 1.0004, 1.0) == "1.0004x"
+    assert render.measured_against(ratio, 0.97, 1.0) == "0.97x"      # far enough: as formatted
+    assert render.measured_against(ratio, 1.0, 1.0) == "1.00x"       # exactly the bound
+    assert render.measured_against(pct, 0.7996, 0.8) == "79.96%"
+    assert render.measured_against(pct, None, 0.8) == "–"
+
+
 def test_target_on_a_share_of_a_ceiling(tmp_path):
     targets = {"name": "goals", "kind": "targets", "targets": [
         {"name": "90% of copy", "where": {"impl": "ours", "Sq": 128}, "key": "gbps", "scale": 1e-3,
