@@ -109,6 +109,24 @@ def grouped_rows(impls: dict[str, Callable], q, kv: dict[int, tuple], causal: bo
     return rows
 
 
+def grouped_query_rows(impls: dict[str, Callable], shape: dict, dtype, seed: int, quick: bool = False,
+                       **timing) -> list[dict]:
+    """grouped_rows at shape (B, H query heads, the H_kv values compared, S, D), non-causal then
+    causal, each on fresh CUDA inputs drawn from seed + causal (S / 4 when quick)."""
+    B, H, D = shape["B"], shape["H"], shape["D"]
+    S = shape["S"] // 4 if quick else shape["S"]
+    rows = []
+    for causal in (False, True):
+        gen = torch.Generator(device="cuda").manual_seed(seed + causal)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen)
+        kv = {H_kv: tuple(torch.randn(B, H_kv, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+              for H_kv in shape["H_kv"]}
+        rows += grouped_rows(impls, q, kv, causal, **timing)
+        del q, kv
+        torch.cuda.empty_cache()
+    return rows
+
+
 def numbered_versions(rows: list[dict | None], ideas: list[str]) -> list[dict]:
     """The rows of a lesson's versions, timed in lesson order on the same inputs (None: a version
     that did not run): each gets its number from 1, the idea it adds and its speed-up over the

@@ -85,7 +85,8 @@ def shortened(text: str, max_chars: int | None) -> str:
     return text if max_chars is None or len(text) <= max_chars else text[:max_chars - 1] + "…"
 
 
-def formatted(column: dict, value) -> str:
+def formatted(column: dict, value, extra_digits: int = 0) -> str:
+    """A cell's text; extra_digits adds decimals to a ratio or a percentage."""
     if value is None:
         return "–"
     if column.get("format") == "kernel":
@@ -93,9 +94,9 @@ def formatted(column: dict, value) -> str:
     if isinstance(value, str):
         return shortened(value, column.get("max_chars"))
     if column.get("format") == "pct" or "share_of" in column:
-        return f"{100 * value:.0f}%" if abs(value) >= 0.01 else f"{100 * value:.2g}%"
+        return f"{100 * value:.{extra_digits}f}%" if abs(value) >= 0.01 else f"{100 * value:.2g}%"
     if column.get("format") == "x":
-        return f"{value:.2f}x"
+        return f"{value:.{2 + extra_digits}f}x"
     return fmt(value, column.get("digits", 3))
 
 
@@ -154,16 +155,9 @@ def _sort_key(row: dict, key):
 def measured_against(column: dict, value, bound: float) -> str:
     """A target's measured value as `formatted` writes it, with one or two more digits where it
     would otherwise print as the bound itself (0.998x under a bound of 1.00x reads "1.00x ... no")."""
-    text = formatted(column, value)
-    if value is None or value == bound or text != formatted(column, bound):
-        return text
-    ratio = column.get("format") == "x"
-    if not ratio and column.get("format") != "pct" and "share_of" not in column:
-        return text
-    for extra in (1, 2):
-        text, same = ((f"{value:.{2 + extra}f}x", f"{bound:.{2 + extra}f}x") if ratio else
-                      (f"{100 * value:.{extra}f}%", f"{100 * bound:.{extra}f}%"))
-        if text != same:
+    for extra in (0, 1, 2):
+        text = formatted(column, value, extra)
+        if value is None or value == bound or text != formatted(column, bound, extra):
             break
     return text
 

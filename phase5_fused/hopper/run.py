@@ -117,25 +117,14 @@ def benchmark(quick: bool) -> list[dict]:
 def gqa_rows(quick: bool) -> list[dict]:
     """The default version on H query heads over each H_kv of KV heads (the same q), beside the
     mma.sync kernel and both library kernels: sharing K/V should cost nothing."""
-    from utils.attention_bench import grouped_rows
+    from utils.attention_bench import grouped_query_rows
     from utils.peers import sdpa
 
     impls = {IMPL: lambda q, k, v, c: hopper.attention(q, k, v, is_causal=c),
              TC_IMPL: lambda q, k, v, c: tensor_cores.attention(q, k, v, is_causal=c)}
     for name in PEERS:
         impls[name] = lambda q, k, v, c, fn=sdpa(name): fn(q, k, v, is_causal=c)
-    B, H, D = GQA["B"], GQA["H"], GQA["D"]
-    S = GQA["S"] // 4 if quick else GQA["S"]
-    rows = []
-    for causal in (False, True):
-        gen = torch.Generator(device="cuda").manual_seed(11 + causal)
-        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen)
-        kv = {H_kv: tuple(torch.randn(B, H_kv, S, D, device="cuda", dtype=torch.float16, generator=gen)
-                          for _ in range(2)) for H_kv in GQA["H_kv"]}
-        rows += grouped_rows(impls, q, kv, causal, **timing(quick))
-        del q, kv
-        torch.cuda.empty_cache()
-    return rows
+    return grouped_query_rows(impls, GQA, torch.float16, seed=11, quick=quick, **timing(quick))
 
 
 # ------------------------------------------------------------------------------------------------

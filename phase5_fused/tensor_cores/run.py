@@ -125,23 +125,12 @@ def gqa_rows(quick) -> list[dict]:
     """phase5_fused_tc on H query heads over each H_kv of KV heads (the same q), beside sdpa_flash
     with enable_gqa, every pair timed in the same turns: sharing K/V should cost nothing (the same
     time at H_kv = H / 4 as at H_kv = H)."""
-    from utils.attention_bench import grouped_rows
+    from utils.attention_bench import grouped_query_rows
     from utils.peers import sdpa
 
     flash = sdpa("sdpa_flash")
     impls = {IMPL: tc_fn, "sdpa_flash": lambda q, k, v, causal: flash(q, k, v, is_causal=causal)}
-    B, H, D = GQA["B"], GQA["H"], GQA["D"]
-    S = GQA["S"] // 4 if quick else GQA["S"]
-    rows = []
-    for causal in (False, True):
-        gen = torch.Generator(device="cuda").manual_seed(7 + causal)
-        q = torch.randn(B, H, S, D, device="cuda", dtype=DTYPE, generator=gen)
-        kv = {H_kv: tuple(torch.randn(B, H_kv, S, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(2))
-              for H_kv in GQA["H_kv"]}
-        rows += grouped_rows(impls, q, kv, causal)
-        del q, kv
-        torch.cuda.empty_cache()
-    return rows
+    return grouped_query_rows(impls, GQA, DTYPE, seed=7, quick=quick)
 
 
 def window_rows(quick) -> list[dict]:
