@@ -45,6 +45,7 @@ struct Params {
   float scale_log2;           // c = scale * log2(e) > 0: exp(scale x) = 2^(c x)
   int causal;                 // query i sees keys j <= i (top-left aligned)
   SplitTail split;            // v7 and v8 only
+  int section_pairs;          // v6, causal: (head, batch) pairs per section of its schedule
 };
 
 // A CTA's tile, shared by the host (tensor-map boxes, grid) and the kernels: `rows` query rows (64

@@ -51,11 +51,17 @@ struct PersistentSmem {
 // past the last tile).
 //   non-causal: every tile is equally long; index i is v5's grid order (query blocks of one
 //               (head, batch) side by side, so that the CTAs of a round share K/V in L2);
-//   causal:     tiles sorted longest first (index i is query block m_blocks - 1 - i / (H B) of
-//               (head, batch) i % (H B)), and in odd rounds CTA c takes r G + G - 1 - c instead: a
-//               CTA that got one of the longest tiles of a round gets one of the shortest of the
-//               next. (In v5's order with G a multiple of the query blocks per head, CTA c would
-//               get the same query block, as long or as short, in every round.)
+//   causal:     the (head, batch) pairs in sections of p.section_pairs, one section after another;
+//               within a section the tiles sorted by length (index j of the section is query block
+//               j / n of its n pairs, counted from the longest or the shortest, of pair j % n), and in
+//               odd rounds CTA c takes r G + G - 1 - c instead: a CTA that got one of the longest
+//               tiles of a round gets one of the shortest of the next. (In v5's order with G a
+//               multiple of the query blocks per head, CTA c would get the same query block, as long
+//               or as short, in every round.) The last section runs longest first, so the grid ends
+//               on the shortest tiles, and the sections before it alternate, so that the lengths
+//               never jump from short to long between two sections (the reversed rounds balance a
+//               CTA's tiles only where lengths change smoothly). One section, all pairs, wherever
+//               the grid's CTAs already share each K/V head (launch_v6 sizes the sections).
 __device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) {
   const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
   const int i = r * G + (p.causal && r % 2 == 1 ? G - 1 - c : c);
@@ -65,8 +71,16 @@ __device__ __forceinline__ int tile_of_round(const Params& p, int r, int tiles) 
 template <class Tl>
 __device__ __forceinline__ Block tile_block(const Params& p, int m_blocks, int i) {
   if (!p.causal) return tile_in_grid_order<Tl>(p, m_blocks, i);
-  const int bh = i % (p.H * p.B);
-  return block_at<Tl>(p, m_blocks - 1 - i / (p.H * p.B), bh % p.H, bh / p.H);
+  const int pairs = p.H * p.B;
+  const int sections = (pairs + p.section_pairs - 1) / p.section_pairs;
+  const int s = i / (p.section_pairs * m_blocks);
+  const int first = s * p.section_pairs;          // the section's first pair
+  const int n = min(p.section_pairs, pairs - first);  // its pairs (the last section may have fewer)
+  const int j = i - first * m_blocks;             // the tile's index in its section
+  const bool longest_first = (sections - 1 - s) % 2 == 0;
+  const int m_block = longest_first ? m_blocks - 1 - j / n : j / n;
+  const int bh = first + j % n;
+  return block_at<Tl>(p, m_block, bh % p.H, bh / p.H);
 }
 
 // v6's list for the persistent loop: one slot per round, each a whole tile (v8 runs the same rounds

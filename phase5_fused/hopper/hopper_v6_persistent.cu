@@ -30,6 +30,20 @@ __global__ void __launch_bounds__(threads_of(Tile<D>::kConsumers), 1)
   });
 }
 
+// The causal schedule's sections (hopper_persistent.cuh): each K/V head should be read by about
+// kReadersPerKvHead CTAs of a round at once, as at the headline shape (B = 4, H_kv = 8 on 132 SMs),
+// where the L2 serves all but one of them. A round of `grid` CTAs on a section of n K/V heads gives
+// each grid / n, so a section takes at most grid / kReadersPerKvHead K/V heads (at least one), the
+// sections as equal as they can be, each a whole number of K/V heads with their query heads.
+constexpr int kReadersPerKvHead = 4;
+int causal_section_pairs(const Params& p, int64_t grid) {
+  const int64_t kv_pairs = static_cast<int64_t>(p.B) * p.H_kv;
+  const int64_t most = std::max<int64_t>(1, grid / kReadersPerKvHead);
+  const int64_t sections = (kv_pairs + most - 1) / most;
+  const int64_t kv_per_section = (kv_pairs + sections - 1) / sections;
+  return static_cast<int>(kv_per_section * (p.H / p.H_kv));
+}
+
 }  // namespace
 
 void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
@@ -44,8 +58,11 @@ void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream) {
     // One CTA per SM (a CTA takes most of an SM's shared memory), at most one per tile.
     const int64_t tiles = tile_count<Tile<kD>>(p);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t grid = std::min<int64_t>(tiles, sms);
+    Params q = p;
+    q.section_pairs = causal_section_pairs(p, grid);
     launch_on_grid<hopper_v6_kernel<T, kD>, PersistentSmem<kD, Tile<kD>>::kBytes, threads_of(Tile<kD>::kConsumers)>(
-        p, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), stream);
+        q, dim3(static_cast<unsigned>(grid)), stream);
   });
 }
 

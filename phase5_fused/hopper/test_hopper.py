@@ -247,6 +247,23 @@ def test_grouped_query_heads(causal, H, H_kv, D, version):
 
 @requires_hopper
 @pytest.mark.parametrize("version", hopper.VERSIONS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("B,H,H_kv", [(6, 16, 16), (5, 16, 8)])
+def test_causal_schedule_in_sections(B, H, H_kv, D, version):
+    """Causal calls with more K/V heads than the persistent grid's CTAs share (B H_kv over a quarter
+    of the SMs): v6's schedule takes the (head, batch) pairs in sections (three and two on an H100,
+    the directions alternating). Every tile is computed once, with key padding, and grouped K/V give
+    the bits of K/V expanded per query head (a different split into sections)."""
+    q, k, v, info = make_qkv(B, H, 1000, 1000, D, torch.float16, H_kv=H_kv)
+    lengths = torch.tensor([1000, 517, 64, 999, 300, 1][:B], device="cuda")
+    check(q, k, v, info, version, is_causal=True, key_lengths=lengths)
+    grouped = run(q, k, v, is_causal=True, version=version)
+    expanded = run(q, *(x.repeat_interleave(H // H_kv, dim=1) for x in (k, v)), is_causal=True, version=version)
+    assert torch.equal(grouped, expanded), f"grouped K/V differ from expanded K/V {info}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("version", hopper.VERSIONS)
 # The kernels fold c = scale log2 e > 0 into the exponent; a negative scale, zero, and one that is
 # zero in FP32 take the host's other routes (hopper_ops.cpp), causal too (masked scores are -inf).
 @pytest.mark.parametrize("scale", [0.05, 1.0, -0.3, 0.0, 1e-300])
