@@ -86,6 +86,15 @@ def check(q, k, v, info, version=hopper.DEFAULT_VERSION, is_causal=False, scale=
     return err
 
 
+def check_grouped(q, k, v, info, version, causal, key_lengths):
+    """check() on grouped K/V, and the bits of the same call on K/V expanded per query head."""
+    check(q, k, v, info, version, is_causal=causal, key_lengths=key_lengths)
+    grouped = run(q, k, v, is_causal=causal, version=version)
+    expanded = run(q, *(x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v)), is_causal=causal,
+                   version=version)
+    assert torch.equal(grouped, expanded), f"grouped K/V differ from expanded K/V {info}"
+
+
 # ------------------------------------------------------------------------------------------------
 # Correctness
 
@@ -238,11 +247,7 @@ def test_grouped_query_heads(causal, H, H_kv, D, version):
     """K/V with H_kv heads (query head h reads h // (H // H_kv)): against float64, with key padding,
     and bit for bit the same kernel on K/V expanded per query head."""
     q, k, v, info = make_qkv(2, H, 300, 333, D, torch.bfloat16, H_kv=H_kv)
-    lengths = torch.tensor([333, 140], device="cuda")
-    check(q, k, v, info, version, is_causal=causal, key_lengths=lengths)
-    grouped = run(q, k, v, is_causal=causal, version=version)
-    expanded = run(q, *(x.repeat_interleave(H // H_kv, dim=1) for x in (k, v)), is_causal=causal, version=version)
-    assert torch.equal(grouped, expanded), f"grouped K/V differ from expanded K/V {info}"
+    check_grouped(q, k, v, info, version, causal, torch.tensor([333, 140], device="cuda"))
 
 
 @requires_hopper
@@ -255,11 +260,7 @@ def test_causal_schedule_in_sections(B, H, H_kv, D, version):
     the directions alternating). Every tile is computed once, with key padding, and grouped K/V give
     the bits of K/V expanded per query head (a different split into sections)."""
     q, k, v, info = make_qkv(B, H, 1000, 1000, D, torch.float16, H_kv=H_kv)
-    lengths = torch.tensor([1000, 517, 64, 999, 300, 1][:B], device="cuda")
-    check(q, k, v, info, version, is_causal=True, key_lengths=lengths)
-    grouped = run(q, k, v, is_causal=True, version=version)
-    expanded = run(q, *(x.repeat_interleave(H // H_kv, dim=1) for x in (k, v)), is_causal=True, version=version)
-    assert torch.equal(grouped, expanded), f"grouped K/V differ from expanded K/V {info}"
+    check_grouped(q, k, v, info, version, True, torch.tensor([1000, 517, 64, 999, 300, 1][:B], device="cuda"))
 
 
 @requires_hopper
