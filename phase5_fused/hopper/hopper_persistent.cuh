@@ -5,7 +5,8 @@
 //     g / kStages), so it loads the next item's first blocks while the consumers still work on the
 //     last ones of this item, and during their epilogue;
 //   - Q: released (empty_q) as soon as the item's last S = Q K^T has landed, so the next item's Q
-//     loads during the tail's P V and the epilogue; the output is staged in its own tile (sO);
+//     loads during the last softmax, the tail's P V and the epilogue; the output is staged in its
+//     own tile (sO);
 // Padded V rows: the producer zeroes them as in v4, and announces every V stage it fills on
 // zeroed_v[s] as well (at once when nothing needs zeroing), so that a consumer waiting for a
 // zeroed block sees the phase of that use of the stage, never one an item later.
@@ -213,6 +214,7 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
       wgmma_wait<0>();
       fence_operand(sc);
       release(&pipe.empty_k[g % kStages]);
+      if (b.n_blocks == 1) release(empty_q);  // the item's only S landed (key_step says why now)
       mask_scores(sc, row0, first, b.vis, need_mask(first));
       softmax_step(sc, p.scale_log2, m, l, alpha);
       pack_p<T>(sc, pa);
@@ -236,6 +238,9 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
         wgmma_wait<1>();
         fence_operand(sc);
         release(&pipe.empty_k[s]);
+        // The item's last S landed: Q's tile may take the next item's Q, whose load then runs under
+        // this softmax, the tail's P V and the epilogue.
+        if (j == b.n_blocks - 1) release(empty_q);
         if constexpr (kMasked) mask_scores(sc, row0, n0, b.vis, need_mask(n0));
         softmax_step(sc, p.scale_log2, m, l, alpha);
         fence_operand(sc);  // the softmax pinned between the two waits, as in v3 and v4
@@ -251,8 +256,6 @@ __device__ __forceinline__ void persistent_loop(const Params& p, const Schedule&
       for (int j = 1; j < j_hi; ++j) key_step(j, std::false_type{});
       for (int j = j_hi; j < b.n_blocks; ++j) key_step(j, std::true_type{});
 
-      // Every S = Q K^T of the item landed: Q's tile may take the next item's Q.
-      release(empty_q);
       // Tail: O += P V of the last block.
       const int j = b.n_blocks - 1;
       wait_v(g + j, j);
