@@ -24,7 +24,7 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
-(H_kv != H) or a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64, 96, 128; its
+(H_kv != H; fused_hopper's takes them) or a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64, 96, 128; its
 forward takes every multiple of 8 from 8 to 256): such inputs that require grad are refused.
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
@@ -35,7 +35,7 @@ mode="auto" picks the first mode of AUTO_ORDER = (fused_hopper, fused_tc, fused,
 naive) that takes the inputs: roughly the order of the phases' measured speed (phase5_fused/fp32/results/metrics.json
 times them all in one run; fused_tc and fused never compete, they take different dtypes; fused_hopper
 is picked on an H100 for unmasked FP16/BF16 at D=64 or 128, grouped-query heads included (in
-training only with one K/V head per query head), fused_tc for the rest, masks and windows included).
+training too), fused_tc for the rest, masks and windows included).
 auto never picks "reference": a float64 reference running in place of a kernel would be a silent
 fallback, so when no CUDA mode takes the inputs (CPU tensors, float64, float32 at D=260, stride with
 float16, ...) auto raises and names the modes that would, reference among them.
@@ -134,7 +134,7 @@ MODE_INFO = {
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
-                             capability=hopper.HOPPER, gqa=True),
+                             capability=hopper.HOPPER, gqa=True, backward_gqa_window=True),
 }
 
 

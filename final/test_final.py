@@ -176,9 +176,9 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
 
 
 def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkeypatch):
-    """On an sm_90 GPU auto picks fused_hopper for FP16/BF16 at D 64/128, in training too; a mask,
-    another D, or grouped heads that require grad send it to fused_tc or beyond, and the explicit
-    mode refuses them with the reason."""
+    """On an sm_90 GPU auto picks fused_hopper for FP16/BF16 at D 64/128, in training too, grouped
+    heads included; a mask or another D sends it to fused_tc or beyond, and the explicit mode refuses
+    them with the reason."""
     monkeypatch.setattr(A, "_RESOLVED", {})
     monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
     with FakeTensorMode():
@@ -192,8 +192,7 @@ def test_auto_takes_the_hopper_kernel_on_sm90_only_for_unmasked_inference(monkey
         assert resolve_mode("auto", trained, q, q) == "fused_hopper"
         assert resolve_mode("fused_hopper", trained, q, q) == "fused_hopper"
         kv = torch.empty(1, 1, 16, 64, dtype=torch.bfloat16, device="cuda")
-        with pytest.raises(UnsupportedModeError, match="no backward pass for grouped-query heads"):
-            resolve_mode("fused_hopper", trained, kv, kv)
+        assert resolve_mode("auto", trained, kv, kv) == "fused_hopper"
         with torch.no_grad():
             assert resolve_mode("fused_hopper", trained, kv, kv) == "fused_hopper"
         q96 = torch.empty(1, 2, 16, 96, dtype=torch.float16, device="cuda")
@@ -682,8 +681,10 @@ def test_modes_for_grouped_heads_and_windows(dtype, D, gqa, window, expected):
 
 @pytest.mark.usefixtures("sm80")
 def test_grouped_heads_or_window_with_grad_leave_the_reference_only(monkeypatch):
-    """The fused modes' backward has no grouped heads or window: with grad, only "reference"."""
+    """Off sm_90 the fused modes' backward has no grouped heads or window: with grad, only
+    "reference" (on sm_90 fused_hopper's backward takes grouped heads: the test above)."""
     monkeypatch.setattr(A, "_RESOLVED", {})
+    monkeypatch.setattr(A, "_capability", lambda index: (8, 0))
     with FakeTensorMode():
         q = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda", requires_grad=True)
         k = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")

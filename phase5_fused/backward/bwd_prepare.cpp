@@ -58,9 +58,10 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                 "q must be float16 or bfloat16 for the tensor-core backward, got ", dtype);
   }
   // The Hopper kernel reads q, k, v, dout through TMA maps and D_i reads out and dout through their
-  // strides: views whose rows are contiguous are read in place (its op checks what TMA needs).
+  // strides: views whose rows are contiguous are read in place (its op checks what TMA needs). It also
+  // takes grouped K/V heads (H a multiple of H_kv); the other kernels one K/V head per query head.
   const bool views = kernel == Kernel::kHopper;
-  const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/false, /*rows_contiguous=*/views);
+  const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/views, /*rows_contiguous=*/views);
   if (kernel == Kernel::kTensorCores) {
     TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");

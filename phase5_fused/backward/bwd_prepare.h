@@ -17,7 +17,8 @@ namespace phase5_bwd {
 //   kFp32TensorCores  float32; kTf32x3SupportedD; any stride; 16-byte aligned q, k, v, dout
 //   kTensorCores      float16 / bfloat16; kTcSupportedD; stride 1; 16-byte aligned q, k, v, dout
 //   kHopper           float16 / bfloat16 (its op checks the head dim); stride 1; aligned as above;
-//                     q, k, v, out, dout may be views with contiguous rows (the others: contiguous)
+//                     q, k, v, out, dout may be views with contiguous rows (the others: contiguous);
+//                     k, v may have fewer heads than q (grouped-query attention; the others: H heads)
 enum class Kernel { kFp32, kFp32TensorCores, kTensorCores, kHopper };
 
 struct Prepared {

@@ -13,7 +13,7 @@ not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each ver
 
 The backward pass (hopper_bwd.cu, ../backward/README.md "On Hopper") is FlashAttention-2's
 Algorithm 2 on TMA and wgmma: attention_backward calls it directly, and attention is differentiable
-through it (a formula in C++ registered on the op, hopper_autograd.cpp), for one K/V head per query head.
+through it (a formula in C++ registered on the op, hopper_autograd.cpp), grouped-query K/V heads included.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -124,7 +124,7 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
     # The common call first: the op on the arguments as given (utils.checks: the op checks every tensor
     # and the GPU itself; where it raises, the checked path below names the argument or copies a
     # layout TMA cannot read). A training call too: the differentiable op records the graph in C++
-    # (hopper_autograd.cpp) and asks for L, as long as each query head has its own K/V head.
+    # (hopper_autograd.cpp) and asks for L.
     if mask is None and (return_lse is True or return_lse is False) and plain_arguments(is_causal, scale) \
             and not torch.compiler.is_compiling():
         try:
@@ -132,12 +132,11 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
             # (the GPU is asked before load(): the extension is built for Hopper only)
             if number is not None and q.is_cuda and device_capability(q.get_device()) == HOPPER:
                 needs_grad = records_grad(q, k, v)
-                if not needs_grad or k.shape[1] == q.shape[1]:
-                    ops = load()
-                    op = ops.attention if needs_grad else ops.attention_inference
-                    out, lse = op(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
-                                  key_lengths, return_lse or needs_grad, number)
-                    return (out, lse) if return_lse else out
+                ops = load()
+                op = ops.attention if needs_grad else ops.attention_inference
+                out, lse = op(q, k, v, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+                              key_lengths, return_lse or needs_grad, number)
+                return (out, lse) if return_lse else out
         except Exception:  # noqa: BLE001 (any error: the checked path explains it or raises it again)
             pass
     if mask is not None:
@@ -157,9 +156,6 @@ def attention(q, k, v, is_causal: bool = False, scale: float | None = None, key_
         check_hopper(q.device)
     q, k, v = (_tma_readable(x) for x in (q, k, v))
     needs_grad = records_grad(q, k, v)
-    if needs_grad and k.shape[1] != H:
-        raise ValueError(f"grouped-query heads (H={H}, H_kv={k.shape[1]}): the Hopper backward takes one K/V "
-                         "head per query head, and an input requires grad; run under torch.no_grad()")
     # The backward needs the logsumexp: asked for whenever autograd records the call (through the op
     # that carries the autograd formula; attention_inference otherwise).
     ops = load()
@@ -172,14 +168,14 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
                        key_lengths=None, dlse=None, variant: int | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
     lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
-    dout. q, k, v as attention takes them but with one K/V head per query head; q, k, v, out and dout
-    are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse,
+    dout. q, k, v as attention takes them (k, v may have H_kv heads; dk and dv have k's shape, each
+    summed over the query heads that share it); q, k, v, out and dout are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse,
     optional: the gradient of lse where a loss used it. The checks are the backward lesson's
     (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of BWD_VARIANTS;
     None: BWD_DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, dtypes=DTYPES, supported_d=lambda d: dim_in(d, SUPPORTED_D), key_lengths=key_lengths,
-        is_causal=is_causal, scale=scale, contiguous=False)
+        is_causal=is_causal, scale=scale, grouped=True, contiguous=False)
     if variant is None:
         variant = BWD_DEFAULT_VARIANT
     if isinstance(variant, bool) or variant not in BWD_VARIANTS:

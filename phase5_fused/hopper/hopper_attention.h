@@ -77,18 +77,18 @@ void launch_v6(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v7(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 void launch_v8(const Params& p, int D, Dtype dtype, cudaStream_t stream);
 
-// The backward's arguments (hopper_bwd.cu). q, k, v and dO contiguous [B, H, S, D] (one K/V head
-// per query head), seen by TMA as the forward's are: boxes of 64 columns x kBwdBr (q, dO) or kBwdBc
-// (k, v) rows.
+// The backward's arguments (hopper_bwd.cu). q and dO [B, H, Sq, D], k and v [B, H_kv, Sk, D] (H a
+// multiple of H_kv: query head h reads K/V head h / (H / H_kv)), seen by TMA as the forward's are:
+// boxes of 64 columns x kBwdBr (q, dO) or kBwdBc (k, v) rows.
 struct BwdParams {
   CUtensorMap q_map, k_map, v_map, do_map;
   const float* lse;         // [B, H, Sq] the forward's natural-log logsumexp
   const float* delta;       // [B, H, Sq] D_i = rowsum(dO_i * O_i) - dlse_i (../backward/bwd_preprocess.cu)
   float* dq_accum;          // [B * H, n_qblocks, kBwdBr * D] FP32, zeroed, in fragment order (hopper_bwd.cu)
-  void* dk;                 // [B, H, Sk, D] q's dtype
+  void* dk;                 // [B, H_kv, Sk, D] q's dtype
   void* dv;
   const int* key_lengths;   // [B] clamped to [0, Sk], or nullptr
-  int B, H, Sq, Sk, n_qblocks;
+  int B, H, H_kv, Sq, Sk, n_qblocks;
   float scale;
   int causal;
 };

@@ -2,9 +2,12 @@
 // on TMA and wgmma. Read bwd_tc.cu first: the same loop order, the same ownership, the same
 // transposed scores; what changes is who moves the tiles and how wide one matrix instruction is.
 //
-// One CTA per (key block j of kBwdBc = 128 keys, batch * head), two warpgroups; warpgroup w owns
+// One CTA per (key block j of kBwdBc = 128 keys, batch * KV head), two warpgroups; warpgroup w owns
 // the 64 keys 64w..64w+63 of the block and keeps their dK_w, dV_w (64 x D, FP32) in registers for
-// the whole loop. Per query block i (kBwdBr = 64 rows; Q_i and dO_i land by TMA in a 2-stage ring):
+// the whole loop. With grouped-query heads (G = H / H_kv query heads per K/V head) the loop visits
+// the query blocks of the group's G query heads one head after the other: dK_w and dV_w sum over
+// all of them in the same registers, so sharing K/V costs no atomics and no second pass. Per query
+// block i of query head h (kBwdBr = 64 rows; Q_i and dO_i land by TMA in a 2-stage ring):
 //   S^T  = K_w Q_i^T       wgmma m64n64k16, A = K_w and B = Q_i K-major in shared memory
 //   dP^T = V_w dO_i^T      the same with V_w, dO_i
 //   P^T  = 2^(S^T c - L_i), dS^T = P^T (dP^T - D_i)        on the accumulators, FP32
@@ -81,26 +84,32 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / kWarpgroup, wg_tid = tid % kWarpgroup;
   const int warp = wg_tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // Block x: key block x % n_kblocks of head x / n_kblocks (the key blocks of one head side by side,
-  // so the Q, dO and dQ rows they share stay in L2: FlashAttention-2's order).
+  // Block x: key block x % n_kblocks of KV head x / n_kblocks (the key blocks of one head side by
+  // side, so the Q, dO and dQ rows they share stay in L2: FlashAttention-2's order).
   const int n_kblocks = (p.Sk + kBwdBc - 1) / kBwdBc;
-  const int bh = static_cast<int>(blockIdx.x) / n_kblocks;
-  const int batch = bh / p.H, head = bh % p.H;
+  const int bh_kv = static_cast<int>(blockIdx.x) / n_kblocks;
+  const int batch = bh_kv / p.H_kv, head_kv = bh_kv % p.H_kv;
+  const int group = p.H / p.H_kv;  // G query heads share this K/V head
   const int k0 = (static_cast<int>(blockIdx.x) % n_kblocks) * kBwdBc;
   const int k0w = k0 + 64 * wg;  // the warpgroup's first key
   const int kv_len = p.key_lengths != nullptr ? p.key_lengths[batch] : p.Sk;
   // The query blocks that see this block's keys: from the diagonal on (causal); none for padding.
+  // Step `step` is query block qb_first + step % n_qsteps of the group's query head step / n_qsteps.
   const int qb_first = p.causal ? k0 / kBwdBr : 0;
-  const int n_steps = k0 < kv_len ? max((p.Sq + kBwdBr - 1) / kBwdBr - qb_first, 0) : 0;
+  const int n_qsteps = k0 < kv_len ? max((p.Sq + kBwdBr - 1) / kBwdBr - qb_first, 0) : 0;
+  const int n_steps = group * n_qsteps;
+  auto step_qblock = [&](int step) { return qb_first + step % n_qsteps; };
+  auto step_head = [&](int step) { return head_kv * group + step / n_qsteps; };
+  auto step_bh = [&](int step) { return batch * p.H + step_head(step); };
 
-  // L_i log2(e) and D_i of the warpgroup's copy, stage s: thread t < 64 loads (load_stat) and
-  // stages (stage_stat) L of row t of the query block, thread 64 + t its D_i. A row past Sq or with
+  // L_i log2(e) and D_i of the warpgroup's copy, stage s: thread t < 64 loads (load_stat, for a step)
+  // and stages (stage_stat) L of row t of the step's query block, thread 64 + t its D_i. A row past Sq or with
   // no visible key at all (lse = -inf) stages L = +inf: its P = 2^(-inf) = 0 needs no test in the
   // loop. The loads fly for a whole step before their value is staged.
   float* stats = reinterpret_cast<float*>(smem + L::kStats) + wg * 2 * 2 * kBwdBr;
-  auto load_stat = [&](int qb) {
-    const int row = qb * kBwdBr + wg_tid % kBwdBr;
-    const int64_t at = static_cast<int64_t>(bh) * p.Sq + row;
+  auto load_stat = [&](int step) {
+    const int row = step_qblock(step) * kBwdBr + wg_tid % kBwdBr;
+    const int64_t at = static_cast<int64_t>(step_bh(step)) * p.Sq + row;
     if (row >= p.Sq) return wg_tid < kBwdBr ? -CUDART_INF_F : 0.0f;
     return wg_tid < kBwdBr ? p.lse[at] : p.delta[at];
   };
@@ -117,19 +126,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     }
     fence_barrier_init();
   }
-  if (n_steps > 0) stage_stat(0, load_stat(qb_first));
-  float next_stat = n_steps > 1 ? load_stat(qb_first + 1) : 0.0f;  // staged in step 0
+  if (n_steps > 0) stage_stat(0, load_stat(0));
+  float next_stat = n_steps > 1 ? load_stat(1) : 0.0f;  // staged in step 0
   __syncthreads();
 
   // Q_i and dO_i of step `step` into its stage (one thread).
   auto load_q_do = [&](int step) {
-    const int s = step % kBwdStages, row0 = (qb_first + step) * kBwdBr;
+    const int s = step % kBwdStages, row0 = step_qblock(step) * kBwdBr, head = step_head(step);
     load_tile<D>(smem + L::kQ + s * L::kQBytes, L::kQPanel, &p.q_map, &full[s], row0, head, batch);
     load_tile<D>(smem + L::kdO + s * L::kQBytes, L::kQPanel, &p.do_map, &full[s], row0, head, batch);
   };
   if (tid == 0 && n_steps > 0) {
-    load_tile<D>(smem + L::kK, L::kKVPanel, &p.k_map, full_kv, k0, head, batch);
-    load_tile<D>(smem + L::kV, L::kKVPanel, &p.v_map, full_kv, k0, head, batch);
+    load_tile<D>(smem + L::kK, L::kKVPanel, &p.k_map, full_kv, k0, head_kv, batch);
+    load_tile<D>(smem + L::kV, L::kKVPanel, &p.v_map, full_kv, k0, head_kv, batch);
     load_q_do(0);
   }
 
@@ -151,7 +160,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
 
   for (int step = 0; step < n_steps; ++step) {
     const int s = step % kBwdStages;
-    const int q0 = (qb_first + step) * kBwdBr;
+    const int q0 = step_qblock(step) * kBwdBr;
     const uint32_t q_tile = smem_addr(smem + L::kQ + s * L::kQBytes);
     const uint32_t do_tile = smem_addr(smem + L::kdO + s * L::kQBytes);
     unsigned char* ds_pair = smem + L::kdS + (step % 2) * 2 * L::kDSBytes;  // both warpgroups' dS^T: 128 keys
@@ -166,7 +175,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     }
     // Step + 1's L_i, D_i (loaded a step ago) are staged below; step + 2's are loaded now.
     const float stat_to_stage = next_stat;
-    if (step + 2 < n_steps) next_stat = load_stat(qb_first + step + 2);
+    if (step + 2 < n_steps) next_stat = load_stat(step + 2);
     mbarrier_wait(&full[s], (step / kBwdStages) & 1);
 
     // Step 1: S^T = K_w Q_i^T and dP^T = V_w dO_i^T, k = head dim in steps of 16 (panel kk / 4,
@@ -288,10 +297,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
     wgmma_commit();
     wgmma_wait<0>();
     fence_operand(dq);
-    // Into part (by columns: w) of the FP32 accumulator of query block qb_first + step, in fragment
-    // order (the header).
+    // Into part (by columns: w) of the FP32 accumulator of the step's query block, in fragment order
+    // (the header).
     float4* acc = reinterpret_cast<float4*>(p.dq_accum) +
-                  (static_cast<int64_t>(bh) * p.n_qblocks + qb_first + step) * (16 * D) +
+                  (static_cast<int64_t>(step_bh(step)) * p.n_qblocks + step_qblock(step)) * (16 * D) +
                   (kDqByColumns ? wg * (kDqN / 8) * kWarpgroup : 0);
 #pragma unroll
     for (int j = 0; j < kDqN / 8; ++j)
@@ -299,9 +308,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
   }
 
   // Epilogue: dK = scale dK_w and dV_w, rounded to T, for the warpgroup's keys below Sk (padding
-  // keys and keys no query sees get zeros).
-  T* dK = static_cast<T*>(p.dk) + static_cast<int64_t>(bh) * p.Sk * D;
-  T* dV = static_cast<T*>(p.dv) + static_cast<int64_t>(bh) * p.Sk * D;
+  // keys and keys no query sees get zeros); summed over the group's query heads.
+  T* dK = static_cast<T*>(p.dk) + static_cast<int64_t>(bh_kv) * p.Sk * D;
+  T* dV = static_cast<T*>(p.dv) + static_cast<int64_t>(bh_kv) * p.Sk * D;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = k0w + 16 * warp + g + 8 * h;
@@ -354,8 +363,8 @@ bool dq_by_columns(int variant) {
 void launch_backward(const BwdParams& p, int D, int variant, Dtype dtype, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const int64_t blocks = static_cast<int64_t>((p.Sk + kBwdBc - 1) / kBwdBc) * p.B * p.H;
-  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", kBwdBc, ")) for one grid");
+  const int64_t blocks = static_cast<int64_t>((p.Sk + kBwdBc - 1) / kBwdBc) * p.B * p.H_kv;
+  TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H_kv*ceil(Sk/", kBwdBc, ")) for one grid");
   dq_by_columns(variant);  // checks it
   dispatch(D, dtype, [&](auto type, auto head_dim) {
     using T = typename decltype(type)::type;

@@ -5,7 +5,7 @@
 //   attention_inference(...)   the same op without an autograd formula
 //   attention_backward(q, k, v, out, lse, dout, dlse, is_causal, scale, key_lengths, variant)
 //       -> (dq, dk, dv)   hopper_bwd.cu, after ../backward's checks and D_i (bwd_prepare.h);
-//       one K/V head per query head; q, k, v, dout in any layout TMA reads (check_tma_layout) and out
+//       k, v with H_kv heads (H a multiple of H_kv); q, k, v, dout in any layout TMA reads (check_tma_layout) and out
 //       with contiguous rows, such as views of the qkv projection and of [B, S, H, D] (read in place);
 //       dq, dk, dv contiguous. variant: 0 (dQ by keys) or 1 (dQ by columns).
 #include <ATen/ATen.h>
@@ -192,6 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   p.key_lengths = b.key_lengths;
   p.B = static_cast<int>(b.B);
   p.H = static_cast<int>(b.H);
+  p.H_kv = static_cast<int>(k.size(1));
   p.Sq = static_cast<int>(b.Sq);
   p.Sk = static_cast<int>(b.Sk);
   p.n_qblocks = static_cast<int>(prep.dq.size(2) / hopper::kBwdBr);

@@ -9,10 +9,11 @@ producer in v4-v7) and one with none, causal and not, with the lse; K/V of H_kv 
 H = 2 query heads (grouped-query attention: both heads read the same K/V tiles); v8 with H = 25,
 so that on a 132-SM H100 its non-causal D = 128 calls cut their 100 tiles into Stream-K shares.
 
-The backward (hopper_bwd.cu) likewise, with one K/V head per query head: Sq = 150 and Sk = 300
-(three query blocks, so that both stages of its ring are refilled; three key blocks, the last one
-cut short, and one batch's key length inside the second), causal and not, every variant. The causal
-cases take q, k, v and dO as views of a transformer's layouts ([B, S, H, D] and a packed
+The backward (hopper_bwd.cu) likewise: Sq = 150 and Sk = 300 (three query blocks, so that both
+stages of its ring are refilled; three key blocks, the last one cut short, and one batch's key
+length inside the second), causal and not, every variant. The non-causal cases give K/V one head
+for the two query heads (a block's loop runs over both heads' query blocks, summing dK and dV); the
+causal cases take q, k, v and dO as views of a transformer's layouts ([B, S, H, D] and a packed
 [B, S, 2, H, D]), which the backward reads in place through its TMA maps and strides.
 """
 
@@ -70,8 +71,8 @@ def backward_cases() -> int:
                 if causal:  # views, read in place: q, dO (and so O) of [B, S, H, D], k and v of [B, S, 2, H, D]
                     q, dout = (randn(B, Sq, H, D, dtype=dtype).transpose(1, 2) for _ in range(2))
                     k, v = randn(B, Sk, 2, H, D, dtype=dtype).permute(2, 0, 3, 1, 4)
-                else:
-                    q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
+                else:  # grouped-query K/V: one head for the H query heads
+                    q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype, H_kv=1)
                     dout = randn(B, H, Sq, D, dtype=dtype)
                 out, lse = hopper.attention(q, k, v, is_causal=causal, key_lengths=lengths, return_lse=True)
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.

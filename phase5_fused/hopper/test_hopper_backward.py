@@ -88,6 +88,59 @@ def test_many_heads_and_batches():
     run_case(torch.float16, 3, 5, 130, 260, 128)
 
 
+def grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype):
+    """make_inputs with k, v of H_kv heads (grouped-query attention)."""
+    q, _, _, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    _, k, v, _, _ = make_inputs(B, H_kv, 1, Sk, D, dtype)
+    return q, k, v, dout, f"{info} H_kv={H_kv}"
+
+
+def expanded_sdpa_grads(q, k, v, dout, **kwargs):
+    """sdpa_grads on K and V repeated per query head; autograd sums dk, dv over each group."""
+    group = q.shape[1] // k.shape[1]
+    leaves = [t.detach().clone().requires_grad_() for t in (k, v)]
+    with torch.enable_grad():
+        expanded = [t.repeat_interleave(group, dim=1) for t in leaves]
+        dq, dk_expanded, dv_expanded = sdpa_grads(q, *expanded, dout, **kwargs)
+        torch.autograd.backward(expanded, (dk_expanded, dv_expanded))
+    return dq, leaves[0].grad, leaves[1].grad
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("D", hopper.SUPPORTED_D)
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (6, 1), (3, 3)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads(dtype, D, H, H_kv, causal):
+    """Grouped-query K/V (GQA, MQA at H_kv = 1) through autograd: dk and dv have k's shape, each
+    the sum over the query heads that share it, as float64 autograd through the expanded reference
+    has it; lengths that cut the last query and key blocks short, Sq != Sk, a batch's keys padded."""
+    B, Sq, Sk = 2, 150, 333
+    q, k, v, dout, info = grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype)
+    kw = {"is_causal": causal, "key_lengths": torch.tensor([Sk, 200], device="cuda")}
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    grads = autograd_grads(q, k, v, dout, **kw)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape, f"dk, dv shapes {info}"
+    check_tc(grads, refs, expanded_sdpa_grads(q, k, v, dout, **kw), info)
+
+
+@requires_hopper
+@pytest.mark.parametrize("variant", hopper.BWD_VARIANTS)
+def test_grouped_direct_call_matches_expanded_heads(variant):
+    """The direct call on grouped K/V against the same call on K/V repeated per query head: dq to
+    rounding, dk and dv equal to the expanded call's gradients summed over each group (to rounding:
+    the sums run in another order)."""
+    q, k, v, dout, info = grouped_inputs(2, 8, 2, 200, 260, 128, torch.bfloat16)
+    out, lse = hopper.attention(q, k, v, is_causal=True, return_lse=True)
+    grouped = hopper.attention_backward(q, k, v, out, lse, dout, is_causal=True, variant=variant)
+    kx, vx = (t.repeat_interleave(4, dim=1) for t in (k, v))
+    expanded = hopper.attention_backward(q, kx, vx, out, lse, dout, is_causal=True, variant=variant)
+    summed = [g.float().unflatten(1, (2, 4)).sum(2) for g in expanded[1:]]
+    assert torch.allclose(grouped[0].float(), expanded[0].float(), rtol=1e-2, atol=1e-3), f"dq {info}"
+    for name, got, want in zip(("dk", "dv"), grouped[1:], summed):
+        assert_close(got, want, dtype=torch.bfloat16, rel_tol=1e-2, what=name, seed_info=info)
+
+
 @requires_hopper
 def test_large_magnitude_inputs_never_nan():
     q, k, v, dout, info = make_inputs(2, 2, 300, 300, 64, torch.bfloat16)
@@ -208,8 +261,11 @@ def test_compiled_training_step():
 def test_bad_inputs_named():
     q, k, v, dout, _ = make_inputs(1, 2, 16, 24, 64, torch.float16)
     out, lse = hopper.attention(q, k, v, return_lse=True)
-    with pytest.raises(ValueError, match="grouped-query heads"):
-        hopper.attention(q.requires_grad_(), k[:, :1], v[:, :1])
+    q3 = torch.randn(1, 3, 16, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"H=3 must be a multiple of k's KV heads H_kv=2"):
+        hopper.attention(q3.requires_grad_(), k, v)
+    with pytest.raises(ValueError, match=r"H=3 must be a multiple of k's KV heads H_kv=2"):
+        hopper.attention_backward(q3, k, v, q3, lse, q3)
     with pytest.raises(ValueError, match=r"head dim D=96"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         hopper.attention_backward(x, x, x, x, lse, x)
@@ -221,8 +277,8 @@ def test_bad_inputs_named():
     with pytest.raises(RuntimeError, match="not supported by the Hopper backward"):
         x = torch.randn(1, 2, 16, 96, device="cuda", dtype=torch.float16)
         ops.attention_backward(x, x, x, x, lse, x, None, False, None, None, 0)
-    with pytest.raises(RuntimeError, match="k must have q's batch and heads"):
-        ops.attention_backward(q, k[:, :1].contiguous(), v[:, :1].contiguous(), out, lse, dout, None, False, None,
-                               None, 0)
+    with pytest.raises(RuntimeError, match=r"H=2 must be a multiple of k's KV heads H_kv=3"):
+        k3 = torch.randn(1, 3, 24, 64, device="cuda", dtype=torch.float16)
+        ops.attention_backward(q, k3, k3, out, lse, dout, None, False, None, None, 0)
     with pytest.raises(RuntimeError, match=r"variant must be 0 \(dQ by keys\) or 1"):
         ops.attention_backward(q, k, v, out, lse, dout, None, False, None, None, 2)
