@@ -24,8 +24,9 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
-(H_kv != H; fused_hopper's takes them) or a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64, 96, 128; its
-forward takes every multiple of 8 from 8 to 256): such inputs that require grad are refused.
+(H_kv != H; fused_hopper's takes them) or a window, and for fused_tc only at D in
+backward.TC_SUPPORTED_D (32, 64, 96, 128; its forward takes every multiple of 8 from 8 to 256): such
+inputs that require grad are refused.
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
 for float32) wherever it takes the inputs (D in fp32.VERSION_D, one K/V head per query head, no

@@ -207,7 +207,10 @@ def gqa_backward_rows(quick: bool) -> list[dict]:
                 leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
                 try:
                     out = forward_fn(fwd)(*leaves, causal)
-                    grad = lambda out=out, leaves=leaves: torch.autograd.grad(out, leaves, dout, retain_graph=True)  # noqa: E731
+
+                    def grad(out=out, leaves=leaves):
+                        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
                     grad()
                 except (RuntimeError, ValueError, TypeError) as exc:
                     print(f"    {impl} (H_kv={H_kv}): skipped ({str(exc).splitlines()[0][:100]})", flush=True)

@@ -13,7 +13,8 @@ not taken (the mma.sync kernel, phase5_fused.tensor_cores, takes them). Each ver
 
 The backward pass (hopper_bwd.cu, ../backward/README.md "On Hopper") is FlashAttention-2's
 Algorithm 2 on TMA and wgmma: attention_backward calls it directly, and attention is differentiable
-through it (a formula in C++ registered on the op, hopper_autograd.cpp), grouped-query K/V heads included.
+through it (a formula in C++ registered on the op, hopper_autograd.cpp), grouped-query K/V heads
+included.
 
 Importing this module builds nothing; load() builds the extension on first use.
 """
@@ -169,8 +170,9 @@ def attention_backward(q, k, v, out, lse, dout, is_causal: bool = False, scale: 
     """(dq, dk, dv) of softmax(scale q k^T) v on Hopper (hopper_bwd.cu), from the forward's out and
     lse ([B, H, Sq] float32, natural log: attention(..., return_lse=True)) and the output's gradient
     dout. q, k, v as attention takes them (k, v may have H_kv heads; dk and dv have k's shape, each
-    summed over the query heads that share it); q, k, v, out and dout are read in place where TMA can (views with contiguous rows, as attention's), else copied. dlse,
-    optional: the gradient of lse where a loss used it. The checks are the backward lesson's
+    summed over the query heads that share it); q, k, v, out and dout are read in place where TMA
+    can (views with contiguous rows, as attention's), else copied. dlse, optional: the gradient of
+    lse where a loss used it. The checks are the backward lesson's
     (phase5_fused.backward.attention_backward), with D in SUPPORTED_D. variant: one of BWD_VARIANTS;
     None: BWD_DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, _, (B, H, Sq, Sk, D) = check_attention_inputs(

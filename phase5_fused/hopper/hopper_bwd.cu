@@ -102,10 +102,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) hopper_bwd_kernel(const __grid
   auto step_head = [&](int step) { return head_kv * group + step / n_qsteps; };
   auto step_bh = [&](int step) { return batch * p.H + step_head(step); };
 
-  // L_i log2(e) and D_i of the warpgroup's copy, stage s: thread t < 64 loads (load_stat, for a step)
-  // and stages (stage_stat) L of row t of the step's query block, thread 64 + t its D_i. A row past Sq or with
-  // no visible key at all (lse = -inf) stages L = +inf: its P = 2^(-inf) = 0 needs no test in the
-  // loop. The loads fly for a whole step before their value is staged.
+  // L_i log2(e) and D_i of the warpgroup's copy, stage s: thread t < 64 loads (load_stat, for a
+  // step) and stages (stage_stat) L of row t of the step's query block, thread 64 + t its D_i. A row
+  // past Sq or with no visible key at all (lse = -inf) stages L = +inf: its P = 2^(-inf) = 0 needs
+  // no test in the loop. The loads fly for a whole step before their value is staged.
   float* stats = reinterpret_cast<float*>(smem + L::kStats) + wg * 2 * 2 * kBwdBr;
   auto load_stat = [&](int step) {
     const int row = step_qblock(step) * kBwdBr + wg_tid % kBwdBr;
