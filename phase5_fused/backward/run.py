@@ -206,11 +206,7 @@ def gqa_backward_rows(quick: bool) -> list[dict]:
             for impl, fwd in GQA_IMPLS:
                 leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
                 try:
-                    out = forward_fn(fwd)(*leaves, causal)
-
-                    def grad(out=out, leaves=leaves):
-                        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-
+                    grad = backward_call(forward_fn(fwd), leaves, dout, causal, None)
                     grad()
                 except (RuntimeError, ValueError, TypeError) as exc:
                     print(f"    {impl} (H_kv={H_kv}): skipped ({str(exc).splitlines()[0][:100]})", flush=True)
