@@ -20,13 +20,13 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
     coalesced     phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes  yes     yes*
     fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes  yes     yes*
-    fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      yes*
+    fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      yes
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
-backward pass; under torch.no_grad() it runs). "yes*": a backward pass, but not for grouped heads
-(H_kv != H; fused_hopper's takes them) or a window, and for fused_tc only at D in
-backward.TC_SUPPORTED_D (32, 64, 96, 128; its forward takes every multiple of 8 from 8 to 256): such
-inputs that require grad are refused.
+backward pass; under torch.no_grad() it runs). Every backward pass takes grouped heads. "yes*": a
+backward pass, but not for a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64,
+96, 128; its forward takes every multiple of 8 from 8 to 256): such inputs that require grad are
+refused.
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
 for float32) wherever it takes the inputs (D in fp32.VERSION_D, one K/V head per query head, no
@@ -73,9 +73,10 @@ AUTO_ORDER = ("fused_hopper", "fused_tc", "fused", "coalesced", "tiled", "naive"
 @dataclass(frozen=True)
 class ModeInfo:
     """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1; capability
-    None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention); window: a
-    sliding window; backward_gqa_window: a backward pass for those two as well; backward_head_dims:
-    the head dims of the backward pass where fewer than head_dims (None: all of them)."""
+    None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention; a mode's backward
+    pass takes them wherever its forward does); window: a sliding window; backward_window: a backward
+    pass for a window as well; backward_head_dims: the head dims of the backward pass where fewer than
+    head_dims (None: all of them)."""
     kernel: str
     cuda: bool
     dtypes: tuple | None
@@ -86,7 +87,7 @@ class ModeInfo:
     capability: tuple | None = None
     gqa: bool = False
     window: bool = False
-    backward_gqa_window: bool = False
+    backward_window: bool = False
     backward_head_dims: tuple | None = None
 
     def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride, mask: bool = False,
@@ -114,8 +115,8 @@ class ModeInfo:
             return "takes no window"
         if grad and not self.backward:
             return "has no backward pass (the inputs require grad)"
-        if grad and (gqa or window) and not self.backward_gqa_window:
-            return "has no backward pass for grouped-query heads or a window (the inputs require grad)"
+        if grad and window and not self.backward_window:
+            return "has no backward pass for a window (the inputs require grad)"
         if grad and self.backward_head_dims is not None and not dim_in(D, self.backward_head_dims):
             return (f"has no backward pass at D={D}: it needs D in {_dims(self.backward_head_dims)} "
                     "(the inputs require grad)")
@@ -126,7 +127,7 @@ class ModeInfo:
 UNFUSED_D = range(1, MAX_HEAD_DIM + 1)
 MODE_INFO = {
     "reference": ModeInfo("utils.reference (float64)", False, None, None, True, gqa=True, window=True,
-                          backward_gqa_window=True),
+                          backward_window=True),
     "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),
@@ -135,7 +136,7 @@ MODE_INFO = {
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
                          gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
-                             capability=hopper.HOPPER, gqa=True, backward_gqa_window=True),
+                             capability=hopper.HOPPER, gqa=True),
 }
 
 

@@ -45,8 +45,7 @@ def make_attention_forward(mode: str):
         # The course API's own error for an unsupported dtype / head size / device, named as such
         resolve_mode(mode, query)
         # GQA: K/V heads passed as they are where the mode takes grouped heads for these inputs;
-        # otherwise (a mode without them, or a gradient: no backward kernel takes them) one copy
-        # of K/V per query head
+        # otherwise (a mode without them: the unfused phases) one copy of K/V per query head
         groups = query.shape[1] // key.shape[1]
         if groups > 1 and not takes_grouped_heads(mode, query, key, value, attention_mask):
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

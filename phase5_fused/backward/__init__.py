@@ -11,7 +11,10 @@ bfloat16 run bwd_tc.cu (mma.sync tensor cores); both first compute D_i = rowsum(
 (bwd_preprocess.cu). Semantics are the forwards' (utils.reference): bool or additive masks (no
 gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths; rows with no
 visible key, and padding keys, get zero gradients. `dlse`, optional, is the gradient of lse where a
-loss used it. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, every
+loss used it. k and v may have H_kv heads, H % H_kv == 0 (grouped-query attention, as the forwards):
+the kernels read query head h's K/V through h // (H // H_kv), write dk and dv per query head, and the
+op sums each group's heads (FlashAttention-2's expanded buffer: H / H_kv times the dk, dv memory for
+the duration of the call); dk and dv have k's shape. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, every
 multiple of 8 up to 256, checked by the op with that forward's C++ rule); float16 and bfloat16 take
 TC_SUPPORTED_D, the tensor-core kernel's instances (bwd.h), fewer than the tensor-core forward takes.
 
@@ -89,7 +92,7 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
     (VARIANTS; run.py compares them); None: DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
-        scale=scale)
+        scale=scale, grouped=True)
     for name, x in (("out", out), ("dout", dout)):
         check_cuda_tensor(x, name, (q.dtype,), dim=4)
         if x.shape != q.shape:

@@ -18,19 +18,26 @@ enum class DType : int { kFloat = 0, kHalf = 1, kBFloat16 = 2 };
 
 struct BwdParams {
   const void* q;           // [B, H, Sq, D] in the inputs' dtype, contiguous
-  const void* k;           // [B, H, Sk, D]
-  const void* v;           // [B, H, Sk, D]
+  const void* k;           // [B, H_kv, Sk, D]: query head h reads K/V head h / (H / H_kv)
+  const void* v;           // [B, H_kv, Sk, D]
   const void* dout;        // [B, H, Sq, D]  dO, the gradient of the output
   const float* lse;        // [B, H, Sq]     L_i, the forward's natural-log row logsumexp
   const float* delta;      // [B, H, Sq]     D_i = rowsum(dO_i * O_i) - dlse_i (bwd_preprocess.cu)
   float* dq;               // [B, H, Sq, D]  FP32, zeroed: every key block adds its part (atomicAdd)
-  void* dk;                // [B, H, Sk, D]  in the inputs' dtype, written once per key block
-  void* dv;                // [B, H, Sk, D]
+  void* dk;                // [B, H, Sk, D]  in the inputs' dtype, written once per key block, one
+  void* dv;                // [B, H, Sk, D]  head per query head (the op sums each group of H / H_kv)
   const int* key_lengths;  // [B] valid keys per batch (clamped to [0, Sk]), or nullptr
-  int64_t B, H, Sq, Sk;
+  int64_t B, H, H_kv, Sq, Sk;
   float scale;             // softmax scale (1/sqrt(D) by default)
   course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
 };
+
+// Grouped-query attention: the (batch, K/V head) pair whose K, V rows the (batch, query head) pair
+// bh = b H + h reads. With H = H_kv G, bh / G = b H_kv + h / G. 32-bit division: bh < a grid's 2^31
+// blocks.
+__host__ __device__ inline int64_t kv_pair(int64_t bh, const BwdParams& p) {
+  return static_cast<int>(bh) / (static_cast<int>(p.H) / static_cast<int>(p.H_kv));
+}
 
 // Element strides of a [B, H, S, D] tensor whose rows (D) are contiguous: batch, head, position.
 struct RowStrides {

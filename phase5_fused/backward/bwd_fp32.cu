@@ -13,6 +13,9 @@
 //           dK_j += scale dS_ij^T Q_i
 //           dQ_i += scale dS_ij K_j          -> atomicAdd into an FP32 dQ in global memory
 //   end:    dK_j, dV_j written once.
+// Grouped-query heads (k, v with H_kv < H heads): the block reads K_j, V_j of its query head's K/V
+// head h / (H / H_kv) and writes dK_j, dV_j of the query head; the op then sums each group's
+// H / H_kv heads (FlashAttention-2's expanded dK, dV; README "Grouped-query heads").
 // dQ_i gets a contribution from every key block: blocks of different j run at once and add into
 // the same dQ_i rows, hence the atomics (README "Where the atomics are, and how to avoid them").
 //
@@ -102,8 +105,8 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
   const int64_t j0 = static_cast<int64_t>(blockIdx.x / BH) * Bc;
   const int64_t b = bh / p.H, h = bh % p.H;
   const float* q = static_cast<const float*>(p.q) + bh * p.Sq * head_dim;
-  const float* k = static_cast<const float*>(p.k) + bh * p.Sk * head_dim;
-  const float* v = static_cast<const float*>(p.v) + bh * p.Sk * head_dim;
+  const float* k = static_cast<const float*>(p.k) + kv_pair(bh, p) * p.Sk * head_dim;
+  const float* v = static_cast<const float*>(p.v) + kv_pair(bh, p) * p.Sk * head_dim;
   const float* dout = static_cast<const float*>(p.dout) + bh * p.Sq * head_dim;
   const float* lse = p.lse + bh * p.Sq;
   const float* delta = p.delta + bh * p.Sq;

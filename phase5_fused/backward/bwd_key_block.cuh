@@ -2,7 +2,8 @@
 // takes key block x % n_kblocks of head x / n_kblocks (a head's key blocks run side by side, so the
 // Q, dO and dQ rows they all read and add to stay in L2: FlashAttention-2's order), and the query
 // blocks of kBr rows that see its keys: from the diagonal on (causal), none for a block of padding
-// keys.
+// keys. With grouped-query heads the block reads the K/V rows of its query head's K/V head and
+// writes dK, dV per query head (the op sums each group).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct KeyBlock {
   int64_t kv_len;     // valid keys of the batch (key padding)
   int64_t qb_first;   // first query block that sees a key of the block
   int64_t n_steps;    // query blocks to walk
-  const T *Q, *K, *V, *dO;   // the head's rows
+  const T *Q, *dO;           // the head's rows
+  const T *K, *V;            // its K/V head's rows (grouped-query attention: K/V head h / (H / H_kv))
   const float *lse, *delta;  // the head's L_i and D_i
   float* dQ;                 // the head's FP32 dQ accumulator
 };
@@ -37,8 +39,8 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
   w.qb_first = p.masking.causal ? w.k0 / kBr : 0;
   w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(p.Sq, kBr) - w.qb_first : 0;
   w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * D;
-  w.K = static_cast<const T*>(p.k) + w.bh * p.Sk * D;
-  w.V = static_cast<const T*>(p.v) + w.bh * p.Sk * D;
+  w.K = static_cast<const T*>(p.k) + kv_pair(w.bh, p) * p.Sk * D;
+  w.V = static_cast<const T*>(p.v) + kv_pair(w.bh, p) * p.Sk * D;
   w.dO = static_cast<const T*>(p.dout) + w.bh * p.Sq * D;
   w.lse = p.lse + w.bh * p.Sq;
   w.delta = p.delta + w.bh * p.Sq;

@@ -7,6 +7,8 @@
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), or bwd_tc_2d.cu,
 //       variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles)
 //   variant -1 (the schema's default, autograd's): default_variant below.
+// k, v may have H_kv heads (H a multiple of H_kv): the kernels write dK, dV per query head and the op
+// sums each group (bwd_prepare.h, sum_over_groups); dk, dv have k's shape.
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
 // tensor-core kernel's own (bwd.h), fewer than its forward takes.
@@ -58,7 +60,7 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
   } else {
     phase5_bwd::launch_fp32_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
   }
-  return {prep.dq, prep.dk, prep.dv};
+  return {prep.dq, phase5_bwd::sum_over_groups(prep.dk, k.size(1)), phase5_bwd::sum_over_groups(prep.dv, k.size(1))};
 }
 
 Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -77,8 +79,9 @@ Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::
       q.scalar_type() == at::kHalf ? phase5_bwd::DType::kHalf : phase5_bwd::DType::kBFloat16;
   phase5_bwd::launch_tc_backward(prep.params, prep.D, kind, static_cast<int>(variant),
                                  c10::cuda::getCurrentCUDAStream());
-  // The FP32 dQ, converted once at the end.
-  return {prep.dq.to(q.scalar_type()), prep.dk, prep.dv};
+  // The FP32 dQ, converted once at the end; dK, dV summed over each group of query heads.
+  return {prep.dq.to(q.scalar_type()), phase5_bwd::sum_over_groups(prep.dk, k.size(1)),
+          phase5_bwd::sum_over_groups(prep.dv, k.size(1))};
 }
 
 }  // namespace

@@ -58,10 +58,10 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                 "q must be float16 or bfloat16 for the tensor-core backward, got ", dtype);
   }
   // The Hopper kernel reads q, k, v, dout through TMA maps and D_i reads out and dout through their
-  // strides: views whose rows are contiguous are read in place (its op checks what TMA needs). It also
-  // takes grouped K/V heads (H a multiple of H_kv); the other kernels one K/V head per query head.
+  // strides: views whose rows are contiguous are read in place (its op checks what TMA needs).
+  // Every kernel takes grouped K/V heads (H a multiple of H_kv).
   const bool views = kernel == Kernel::kHopper;
-  const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/views, /*rows_contiguous=*/views);
+  const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/true, /*rows_contiguous=*/views);
   if (kernel == Kernel::kTensorCores) {
     TORCH_CHECK(listed(kTcSupportedD, s.D), "q: head dim D=", s.D,
                 " is not supported by the tensor-core backward (32, 64, 96, 128; the forward takes more)");
@@ -96,8 +96,12 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   // dQ collects one part per key block: FP32, zeroed, added to with atomics.
   const int64_t dq_rows = (s.Sq + dq_row_multiple - 1) / dq_row_multiple * dq_row_multiple;
   prep.dq = at::zeros({s.B, s.H, dq_rows, s.D}, q.options().dtype(at::kFloat));
-  prep.dk = at::empty(k.sizes(), k.options());  // contiguous, whatever k's layout
-  prep.dv = at::empty(v.sizes(), v.options());
+  // dK, dV contiguous, whatever k's layout: k's shape for the Hopper kernel, which sums a group's
+  // heads in its registers; one head per query head for the others (sum_over_groups adds them).
+  const int64_t H_kv = k.size(1);
+  const int64_t dkv_heads = kernel == Kernel::kHopper ? H_kv : s.H;
+  prep.dk = at::empty({s.B, dkv_heads, s.Sk, s.D}, k.options());
+  prep.dv = at::empty({s.B, dkv_heads, s.Sk, s.D}, v.options());
   prep.delta = at::empty(rows, q.options().dtype(at::kFloat));
 
   BwdParams& p = prep.params;
@@ -112,6 +116,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   p.dv = prep.dv.data_ptr();
   p.B = s.B;
   p.H = s.H;
+  p.H_kv = H_kv;
   p.Sq = s.Sq;
   p.Sk = s.Sk;
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
@@ -126,6 +131,13 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   launch_preprocess(out.data_ptr(), row_strides(out), dout.data_ptr(), row_strides(dout), dlse_ptr,
                     prep.delta.data_ptr<float>(), s.B, s.H, s.Sq, prep.D, kind, c10::cuda::getCurrentCUDAStream());
   return prep;
+}
+
+at::Tensor sum_over_groups(const at::Tensor& per_query_head, int64_t H_kv) {
+  const int64_t B = per_query_head.size(0), H = per_query_head.size(1);
+  if (H == H_kv) return per_query_head;
+  // Query head h belongs to K/V head h / G: the G heads of a group are adjacent.
+  return per_query_head.view({B, H_kv, H / H_kv, per_query_head.size(2), per_query_head.size(3)}).sum(2);
 }
 
 }  // namespace phase5_bwd

@@ -22,11 +22,11 @@
    FFMA, 1: bwd_tf32x3.cu in 3xTF32), rows phase5_fused_bwd_fp32_v0 and _v1.
 3. rel_err (at S=1024 only: the float64 reference holds S x S matrices) is the largest of the
    relative errors of dq, dk, dv against utils.reference.attention_grads.
-   On Hopper GPUs, grouped-query heads (op attention_backward_gqa, field H_kv): autograd's backward
-   of phase5_fused_bwd_hopper, sdpa_flash and sdpa_cudnn (enable_gqa) at GQA's shape, B=4, H=32
-   query heads over H_kv in {32, 8}, S=4096, D=128, causal and not, every (impl, H_kv) pair timed
-   in the same turns (utils.bench.time_in_turns): the same kernel with shared K/V heads against
-   itself with one K/V head per query head.
+   Grouped-query heads (op attention_backward_gqa, field H_kv): autograd's backward of
+   phase5_fused_bwd_hopper (on Hopper GPUs), phase5_fused_bwd_tc, sdpa_flash and sdpa_cudnn
+   (enable_gqa) at GQA's shape, B=4, H=32 query heads over H_kv in {32, 8}, S=4096, D=128, causal
+   and not, every (impl, H_kv) pair timed in the same turns (utils.bench.time_in_turns): each kernel
+   with shared K/V heads against itself with one K/V head per query head.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
    PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variants 1 and 2 called
    directly, and the peer of each dtype): instruction counts, memory
@@ -71,9 +71,11 @@ MAIN_KERNEL = {"phase5_fused_bwd_tc_v1": "tc_backward_kernel", "phase5_fused_bwd
                "phase5_fused_bwd_hopper": "hopper_bwd_kernel"}
 NCU_REGEX = "|".join(MAIN_KERNEL.values())
 BACKWARD_FLOP_FACTOR = 2.5
-# Grouped-query backward (on Hopper): B, H query heads, the H_kv values compared, S, D.
+# Grouped-query backward: B, H query heads, the H_kv values compared, S, D; (impl, forward), the
+# Hopper kernel's on Hopper GPUs only.
 GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
-GQA_IMPLS = [("phase5_fused_bwd_hopper", "hopper"), ("sdpa_flash", "sdpa_flash"), ("sdpa_cudnn", "sdpa_cudnn")]
+GQA_IMPLS = [("phase5_fused_bwd_hopper", "hopper"), ("phase5_fused_bwd_tc", "tc"), ("sdpa_flash", "sdpa_flash"),
+             ("sdpa_cudnn", "sdpa_cudnn")]
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
 IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"),
          ("sdpa_flash", torch.float16, "sdpa_flash"), ("sdpa_cudnn", torch.float16, "sdpa_cudnn"),
@@ -185,15 +187,14 @@ def benchmark(seq_lens) -> list[dict]:
 
 
 def gqa_backward_rows(quick: bool) -> list[dict]:
-    """On Hopper GPUs: autograd's backward of each impl of GQA_IMPLS on the same q (and dO) over the
+    """Autograd's backward of each impl of GQA_IMPLS on the same q (and dO) over the
     k, v of each H_kv, causal and not (S / 4 when quick); every (impl, H_kv) pair timed in the same
     turns, so that the ratio of a kernel's two rows comes from the same rounds. A pair that is
     rejected or runs out of memory is left out with a note."""
     from utils import roofline
     from utils.bench import time_in_turns
 
-    if not on_hopper():
-        return []
+    impls = [(impl, fwd) for impl, fwd in GQA_IMPLS if on_hopper() or fwd != "hopper"]
     Bg, Hg, Dg = GQA["B"], GQA["H"], GQA["D"]
     S = GQA["S"] // 4 if quick else GQA["S"]
     rows = []
@@ -203,7 +204,7 @@ def gqa_backward_rows(quick: bool) -> list[dict]:
         runs = {}
         for H_kv in GQA["H_kv"]:
             k, v = (torch.randn(Bg, H_kv, S, Dg, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
-            for impl, fwd in GQA_IMPLS:
+            for impl, fwd in impls:
                 leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
                 try:
                     grad = backward_call(forward_fn(fwd), leaves, dout, causal, None)

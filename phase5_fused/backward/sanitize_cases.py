@@ -4,7 +4,7 @@ phase5_fused.backward` (memcheck + racecheck).
 
 Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one
 batch with a key length inside a block and one with none; causal, and the mask path with a fully
-masked row; every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
+masked row and the two query heads on one K/V head (grouped-query attention); every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
 at its head dims, the 3xTF32 one; FP16 / BF16: each tile configuration). FP32 head dims: the
 versions' (each its own instance), then each padded tile width at a D 8 below it.
 """
@@ -42,6 +42,7 @@ def main() -> int:
             mask[:, :, 3] = False
             for m, causal in ((None, True), (mask, False)):
                 kw = {"mask": m, "is_causal": causal, "key_lengths": lengths}
+                k, v = (k, v) if causal else (k[:, :1].contiguous(), v[:, :1].contiguous())  # H_kv = 1
                 out, lse = module.attention(q, k, v, return_lse=True, **kw)
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.
                 cpu_kw = {n: x.cpu() if torch.is_tensor(x) else x for n, x in kw.items()}

@@ -173,6 +173,24 @@ def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
     return grads
 
 
+def grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype):
+    """make_inputs with k, v of H_kv heads (grouped-query attention)."""
+    q, _, _, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    _, k, v, _, _ = make_inputs(B, H_kv, 1, Sk, D, dtype)
+    return q, k, v, dout, f"{info} H_kv={H_kv}"
+
+
+def expanded_sdpa_grads(q, k, v, dout, **kwargs):
+    """sdpa_grads on K and V repeated per query head; autograd sums dk, dv over each group."""
+    group = q.shape[1] // k.shape[1]
+    leaves = [t.detach().clone().requires_grad_() for t in (k, v)]
+    with torch.enable_grad():
+        expanded = [t.repeat_interleave(group, dim=1) for t in leaves]
+        dq, dk_expanded, dv_expanded = sdpa_grads(q, *expanded, dout, **kwargs)
+        torch.autograd.backward(expanded, (dk_expanded, dv_expanded))
+    return dq, leaves[0].grad, leaves[1].grad
+
+
 # ------------------------------------------------------------------------------------------------
 # The shape grid
 
@@ -385,6 +403,76 @@ def test_fp32_every_forward_version_is_differentiable():
     _, *refs = reference_grads(q, k, v, dout, is_causal=True)
     for kernel in fp32.KERNELS:
         check_fp32(autograd_grads(fp32, q, k, v, dout, is_causal=True, kernel=kernel), refs, f"{info} {kernel}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped-query heads: k, v with H_kv < H heads
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("D", (64, 128))
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (6, 1), (3, 3)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads(dtype, D, H, H_kv, causal):
+    """Grouped-query K/V (GQA, MQA at H_kv = 1) through the forwards' autograd: dk and dv have k's
+    shape, each the sum over the query heads that share it, as float64 autograd through the
+    reference has it; a bool mask with a fully masked row, a batch's keys padded, Sq != Sk with the
+    last query and key blocks cut short."""
+    B, Sq, Sk = 2, 150, 333
+    q, k, v, dout, info = grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    kw = {"mask": mask, "is_causal": causal, "key_lengths": torch.tensor([Sk, 200], device="cuda")}
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    module = fp32 if dtype == torch.float32 else tc
+    grads = autograd_grads(module, q, k, v, dout, **kw)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape, f"dk, dv shapes {info}"
+    if dtype == torch.float32:
+        check_fp32(grads, refs, info)
+    else:
+        check_tc(grads, refs, expanded_sdpa_grads(q, k, v, dout, **kw), info)
+    assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
+
+
+@requires_gpu
+def test_grouped_query_heads_fp32_stride_and_every_tile_width():
+    """The FP32 kernel's grouped path at a padded head dim (D = 40) and with a stride."""
+    q, k, v, dout, info = grouped_inputs(2, 4, 2, 77, 130, 40, torch.float32)
+    for kw in ({"is_causal": True}, {"stride": 3}):
+        _, *refs = reference_grads(q, k, v, dout, **kw)
+        check_fp32(autograd_grads(fp32, q, k, v, dout, **kw), refs, f"{info} {sorted(kw)}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_grouped_direct_call_matches_expanded_heads(dtype):
+    """Every variant called directly on grouped K/V against the same call on K/V repeated per query
+    head: the kernel writes the expanded call's per-head dk, dv and the op sums each group as torch
+    sums the expanded gradients, so dk and dv are the same bits; dq equal to rounding (its atomics
+    add in any order)."""
+    q, k, v, dout, info = grouped_inputs(2, 8, 2, 200, 260, 64, dtype)
+    module = fp32 if dtype == torch.float32 else tc
+    out, lse = module.attention(q, k, v, is_causal=True, return_lse=True)
+    kx, vx = (t.repeat_interleave(4, dim=1) for t in (k, v))
+    for variant in backward.variants_for(dtype, 64):
+        grouped = backward.attention_backward(q, k, v, out, lse, dout, is_causal=True, variant=variant)
+        expanded = backward.attention_backward(q, kx, vx, out, lse, dout, is_causal=True, variant=variant)
+        assert_close(grouped[0], expanded[0].to(torch.float64), dtype=dtype,
+                     rel_tol=1e-5 if dtype == torch.float32 else 2e-3, what="dq", seed_info=f"{info} v{variant}")
+        for name, got, per_head in zip(("dk", "dv"), grouped[1:], expanded[1:]):
+            assert torch.equal(got, per_head.unflatten(1, (2, 4)).sum(2)), f"{name} variant {variant} {info}"
+
+
+@requires_gpu
+def test_grouped_heads_not_dividing_named():
+    q, k, v, dout, _ = make_inputs(1, 3, 16, 24, 64, torch.float16)
+    out, lse = tc.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"H=3 must be a multiple of k's KV heads H_kv=2"):
+        backward.attention_backward(q, k[:, :2], v[:, :2], out, lse, dout)
+    with pytest.raises(RuntimeError, match=r"H=3 must be a multiple of k's KV heads H_kv=2"):
+        backward.load().attention_backward_tc(q, k[:, :2].contiguous(), v[:, :2].contiguous(), out, lse, dout,
+                                              None, None, False, None, 1, None)
 
 
 # ------------------------------------------------------------------------------------------------

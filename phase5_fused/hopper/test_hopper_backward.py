@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from phase5_fused import hopper
-from phase5_fused.backward.test_backward import check_tc, make_inputs, reference_grads, sdpa_grads
+from phase5_fused.backward.test_backward import (check_tc, expanded_sdpa_grads, grouped_inputs, make_inputs,
+                                                 reference_grads, sdpa_grads)
 from phase5_fused.hopper.test_hopper import requires_hopper
 from utils import reference
 from utils.testing import assert_close, new_seed, randn
@@ -86,24 +87,6 @@ def test_explicit_scale(dtype, scale):
 @requires_hopper
 def test_many_heads_and_batches():
     run_case(torch.float16, 3, 5, 130, 260, 128)
-
-
-def grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype):
-    """make_inputs with k, v of H_kv heads (grouped-query attention)."""
-    q, _, _, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
-    _, k, v, _, _ = make_inputs(B, H_kv, 1, Sk, D, dtype)
-    return q, k, v, dout, f"{info} H_kv={H_kv}"
-
-
-def expanded_sdpa_grads(q, k, v, dout, **kwargs):
-    """sdpa_grads on K and V repeated per query head; autograd sums dk, dv over each group."""
-    group = q.shape[1] // k.shape[1]
-    leaves = [t.detach().clone().requires_grad_() for t in (k, v)]
-    with torch.enable_grad():
-        expanded = [t.repeat_interleave(group, dim=1) for t in leaves]
-        dq, dk_expanded, dv_expanded = sdpa_grads(q, *expanded, dout, **kwargs)
-        torch.autograd.backward(expanded, (dk_expanded, dv_expanded))
-    return dq, leaves[0].grad, leaves[1].grad
 
 
 @requires_hopper
