@@ -18,13 +18,13 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
     naive         phase 2, three naive kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     tiled         phase 3, three tiled kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     coalesced     phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
-    fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes  yes     yes*
+    fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes  yes     yes
     fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes  yes     yes*
     fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      yes
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
-backward pass; under torch.no_grad() it runs). Every backward pass takes grouped heads. "yes*": a
-backward pass, but not for a window, and for fused_tc only at D in backward.TC_SUPPORTED_D (32, 64,
+backward pass; under torch.no_grad() it runs). A backward pass takes what its forward takes
+(grouped heads, windows), except "yes*": fused_tc's only at D in backward.TC_SUPPORTED_D (32, 64,
 96, 128; its forward takes every multiple of 8 from 8 to 256): such inputs that require grad are
 refused.
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
@@ -73,10 +73,9 @@ AUTO_ORDER = ("fused_hopper", "fused_tc", "fused", "coalesced", "tiled", "naive"
 @dataclass(frozen=True)
 class ModeInfo:
     """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1; capability
-    None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention; a mode's backward
-    pass takes them wherever its forward does); window: a sliding window; backward_window: a backward
-    pass for a window as well; backward_head_dims: the head dims of the backward pass where fewer than
-    head_dims (None: all of them)."""
+    None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention); window: a
+    sliding window (a mode's backward pass takes both wherever its forward does); backward_head_dims:
+    the head dims of the backward pass where fewer than head_dims (None: all of them)."""
     kernel: str
     cuda: bool
     dtypes: tuple | None
@@ -87,7 +86,6 @@ class ModeInfo:
     capability: tuple | None = None
     gqa: bool = False
     window: bool = False
-    backward_window: bool = False
     backward_head_dims: tuple | None = None
 
     def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride, mask: bool = False,
@@ -115,8 +113,6 @@ class ModeInfo:
             return "takes no window"
         if grad and not self.backward:
             return "has no backward pass (the inputs require grad)"
-        if grad and window and not self.backward_window:
-            return "has no backward pass for a window (the inputs require grad)"
         if grad and self.backward_head_dims is not None and not dim_in(D, self.backward_head_dims):
             return (f"has no backward pass at D={D}: it needs D in {_dims(self.backward_head_dims)} "
                     "(the inputs require grad)")
@@ -126,8 +122,7 @@ class ModeInfo:
 # Each mode's limits, read from the packages that define them (phases 2-4 share utils.unfused_api's).
 UNFUSED_D = range(1, MAX_HEAD_DIM + 1)
 MODE_INFO = {
-    "reference": ModeInfo("utils.reference (float64)", False, None, None, True, gqa=True, window=True,
-                          backward_window=True),
+    "reference": ModeInfo("utils.reference (float64)", False, None, None, True, gqa=True, window=True),
     "naive": ModeInfo("phase2_naive", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "tiled": ModeInfo("phase3_tiled", True, (torch.float32,), UNFUSED_D, False, backward=False),
     "coalesced": ModeInfo("phase4_coalesced", True, (torch.float32,), UNFUSED_D, False, backward=False),

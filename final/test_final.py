@@ -680,25 +680,20 @@ def test_modes_for_grouped_heads_and_windows(dtype, D, gqa, window, expected):
 
 
 @pytest.mark.usefixtures("sm80")
-def test_window_with_grad_leaves_the_reference_only_grouped_heads_do_not(monkeypatch):
-    """The fused modes' backward takes grouped heads but no window: with grad, a window leaves only
-    "reference", grouped heads keep fused_tc (off sm_90; fused_hopper on it: the test above)."""
+def test_grouped_heads_and_windows_with_grad_keep_the_fused_modes(monkeypatch):
+    """The fused modes' backward takes what their forward takes: with grad, grouped heads and a
+    window keep fused_tc and fused (off sm_90; fused_hopper on it: the test above)."""
     monkeypatch.setattr(A, "_RESOLVED", {})
     monkeypatch.setattr(A, "_capability", lambda index: (8, 0))
     with FakeTensorMode():
         q = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda", requires_grad=True)
         k = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="cuda")
-        full = torch.empty(1, 4, 16, 64, dtype=torch.float16, device="cuda")
         assert supported_modes(q, k, k) == ["fused_tc", "reference"]
-        assert supported_modes(q, full, full, window=8) == ["reference"]
-        assert supported_modes(q, full, full) == ["fused_tc", "reference"]
+        assert supported_modes(q, k, k, window=8) == ["fused_tc", "reference"]
         q32 = torch.empty(1, 4, 16, 64, device="cuda", requires_grad=True)
         k32 = torch.empty(1, 2, 16, 64, device="cuda")
-        assert supported_modes(q32, k32, k32) == ["fused", "reference"]
-        with pytest.raises(UnsupportedModeError, match="no backward pass for a window"):
-            resolve_mode("fused_tc", q, full, full, window=8)
-        with torch.no_grad():
-            assert resolve_mode("auto", q, full, full, window=8) == "fused_tc"
+        assert supported_modes(q32, k32, k32, window=8) == ["fused", "reference"]
+        assert resolve_mode("auto", q, k, k, window=8) == "fused_tc"
 
 
 @pytest.mark.usefixtures("sm80")

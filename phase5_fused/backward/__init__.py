@@ -9,14 +9,17 @@ phase5_fused.tensor_cores.attention(..., return_lse=True)) and the output's grad
 returns the gradients of q, k and v. float32 runs bwd_fp32.cu (the teaching kernel), float16 and
 bfloat16 run bwd_tc.cu (mma.sync tensor cores); both first compute D_i = rowsum(dO_i * O_i)
 (bwd_preprocess.cu). Semantics are the forwards' (utils.reference): bool or additive masks (no
-gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths; rows with no
-visible key, and padding keys, get zero gradients. `dlse`, optional, is the gradient of lse where a
-loss used it. k and v may have H_kv heads, H % H_kv == 0 (grouped-query attention, as the forwards):
-the kernels read query head h's K/V through h // (H // H_kv), write dk and dv per query head, and the
-op sums each group's heads (FlashAttention-2's expanded buffer: H / H_kv times the dk, dv memory for
-the duration of the call); dk and dv have k's shape. Head dims: float32 takes the FP32 forward's (phase5_fused.fp32.SUPPORTED_D, every
-multiple of 8 up to 256, checked by the op with that forward's C++ rule); float16 and bfloat16 take
-TC_SUPPORTED_D, the tensor-core kernel's instances (bwd.h), fewer than the tensor-core forward takes.
+gradient for the mask), causal top-left aligned, stride (float32 only), key_lengths, a sliding
+window (window=w with is_causal: query i sees keys i - w < j <= i; the query blocks no window
+reaches are skipped); rows with no visible key, and padding keys, get zero gradients. `dlse`,
+optional, is the gradient of lse where a loss used it. k and v may have H_kv heads, H % H_kv == 0
+(grouped-query attention, as the forwards): the kernels read query head h's K/V through
+h // (H // H_kv), write dk and dv per query head, and the op sums each group's heads
+(FlashAttention-2's expanded buffer: H / H_kv times the dk, dv memory for the duration of the
+call); dk and dv have k's shape. Head dims: float32 takes the FP32 forward's
+(phase5_fused.fp32.SUPPORTED_D, every multiple of 8 up to 256, checked by the op with that
+forward's C++ rule); float16 and bfloat16 take TC_SUPPORTED_D, the tensor-core kernel's instances
+(bwd.h), fewer than the tensor-core forward takes.
 
 The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
 forward package registers when it loads its extension: phase5_fused.fp32.attention and
@@ -57,7 +60,7 @@ OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backw
 def _register_fakes() -> None:
     """Meta implementations, so torch.compile can trace a backward through the ops."""
 
-    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=-1):
+    def fake(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, variant=-1, window=0):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     for name in set(OPS.values()):
@@ -86,13 +89,13 @@ def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
 
 
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
-                       key_lengths=None, dlse=None, variant=None):
+                       key_lengths=None, dlse=None, variant=None, window=None):
     """(dq, dk, dv) of softmax(scale q k^T + mask) v, from the forward's out and lse (see the module
     docstring). Non-contiguous inputs are copied. variant: the kernel's tile configuration
     (VARIANTS; run.py compares them); None: DEFAULT_VARIANT, the one autograd runs."""
     q, k, v, mask, (B, H, Sq, Sk, D) = check_attention_inputs(
         q, k, v, mask=mask, stride=stride, dtypes=DTYPES, key_lengths=key_lengths, is_causal=is_causal,
-        scale=scale, grouped=True)
+        scale=scale, grouped=True, window=window)
     for name, x in (("out", out), ("dout", dout)):
         check_cuda_tensor(x, name, (q.dtype,), dim=4)
         if x.shape != q.shape:
@@ -118,4 +121,4 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
         q, k, v, dout = _aligned(q), _aligned(k), _aligned(v), _aligned(dout)
     op = getattr(load(), OPS[q.dtype])
     return op(q, k, v, out, lse, dout, dlse, mask, is_causal, None if scale is None else float(scale),
-              1 if stride is None else stride, key_lengths, variant)
+              1 if stride is None else stride, key_lengths, variant, 0 if window is None else window)

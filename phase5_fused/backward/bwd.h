@@ -30,6 +30,7 @@ struct BwdParams {
   int64_t B, H, H_kv, Sq, Sk;
   float scale;             // softmax scale (1/sqrt(D) by default)
   course::AttentionMasking masking;  // user mask (bool / additive), causal, stride
+  int window;              // sliding window (with causal): query i sees keys i - window < j <= i; 0: none
 };
 
 // Grouped-query attention: the (batch, K/V head) pair whose K, V rows the (batch, query head) pair
@@ -37,6 +38,21 @@ struct BwdParams {
 // blocks.
 __host__ __device__ inline int64_t kv_pair(int64_t bh, const BwdParams& p) {
   return static_cast<int>(bh) / (static_cast<int>(p.H) / static_cast<int>(p.H_kv));
+}
+
+// The sliding window, in three questions the kernels ask (window 0: none, every answer "all").
+// Whether key j is inside query i's window (causal hides the keys after i).
+__host__ __device__ inline bool in_window(const BwdParams& p, int64_t i, int64_t j) {
+  return p.window == 0 || j > i - p.window;
+}
+// The end of the query rows that see a key of the block [k0, k0 + n): row k0 + n - 1 + window - 1 is
+// the last one whose window reaches the block's last key.
+__host__ __device__ inline int64_t query_rows_end(const BwdParams& p, int64_t k0, int64_t n) {
+  return p.window == 0 || k0 + n - 1 + p.window > p.Sq ? p.Sq : k0 + n - 1 + p.window;
+}
+// Whether the tile of queries [q0, q0 + m) and keys from k0 on holds a pair outside the window.
+__host__ __device__ inline bool crosses_window(const BwdParams& p, int64_t q0, int64_t m, int64_t k0) {
+  return p.window > 0 && q0 + m - 1 - k0 >= p.window;
 }
 
 // Element strides of a [B, H, S, D] tensor whose rows (D) are contiguous: batch, head, position.

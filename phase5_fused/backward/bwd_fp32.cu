@@ -128,9 +128,10 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
     for (int c = 0; c < TD; ++c) dk[a][c] = dv[a][c] = 0.0f;
 
   // Step 2: the query blocks that can see key j0 or later. With causal masking, row i sees j <= i,
-  // so the rows before j0 see none of this block's keys: start at the block holding row j0.
+  // so the rows before j0 see none of this block's keys: start at the block holding row j0. With a
+  // sliding window, stop after the last row whose window reaches the block's last key.
   const int64_t i_first = p.masking.causal ? (j0 / Br) * Br : 0;
-  const int64_t i_end = j0 < kv_len ? p.Sq : 0;  // a block of padding keys has nothing to do
+  const int64_t i_end = j0 < kv_len ? query_rows_end(p, j0, Bc) : 0;  // padding keys: nothing to do
 
   for (int64_t i0 = i_first; i0 < i_end; i0 += Br) {
     // Step 3: Q_i, dO_i, L_i, D_i to shared memory (after every thread is done with the last ones).
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
 
     // Step 5: P_ij = exp(scale S_ij + bias - L_i), the forward's probabilities recomputed from the
     // saved logsumexp; dS_ij = P_ij (dP_ij - D_i). Hidden scores (padding, causal, stride, the
-    // user's mask) and rows past Sq give P = dS = 0; so does a fully masked row (L_i = -inf).
+    // window, the user's mask) and rows past Sq give P = dS = 0; so does a fully masked row (L_i = -inf).
 #pragma unroll
     for (int a = 0; a < TQ; ++a) {
       const int r = ty + kTY * a;
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
         const int c = tx + kTX * n;
         const int64_t key = j0 + c;
         float pij = 0.0f;
-        if (row < p.Sq && key < kv_len && Ls[r] != -CUDART_INF_F) {
+        if (row < p.Sq && key < kv_len && in_window(p, row, key) && Ls[r] != -CUDART_INF_F) {
           const float bias = any_mask ? course::mask_bias(p.masking, b, h, row, key) : 0.0f;
           if (bias != -CUDART_INF_F) pij = expf(fmaf(s[a][n], p.scale, bias) - Ls[r]);
         }

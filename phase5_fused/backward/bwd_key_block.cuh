@@ -1,8 +1,8 @@
 // What one thread block of a key-block backward kernel (bwd_tc.cu, bwd_tf32x3.cu) works on: block x
 // takes key block x % n_kblocks of head x / n_kblocks (a head's key blocks run side by side, so the
 // Q, dO and dQ rows they all read and add to stay in L2: FlashAttention-2's order), and the query
-// blocks of kBr rows that see its keys: from the diagonal on (causal), none for a block of padding
-// keys. With grouped-query heads the block reads the K/V rows of its query head's K/V head and
+// blocks of kBr rows that see its keys: from the diagonal on (causal) to the last row whose window
+// reaches the block (a sliding window), none for a block of padding keys. With grouped-query heads the block reads the K/V rows of its query head's K/V head and
 // writes dK, dV per query head (the op sums each group).
 #pragma once
 
@@ -37,7 +37,7 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
   w.h = w.bh % p.H;
   w.kv_len = p.key_lengths != nullptr ? p.key_lengths[w.b] : p.Sk;
   w.qb_first = p.masking.causal ? w.k0 / kBr : 0;
-  w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(p.Sq, kBr) - w.qb_first : 0;
+  w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(query_rows_end(p, w.k0, kBc), kBr) - w.qb_first : 0;
   w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * D;
   w.K = static_cast<const T*>(p.k) + kv_pair(w.bh, p) * p.Sk * D;
   w.V = static_cast<const T*>(p.v) + kv_pair(w.bh, p) * p.Sk * D;

@@ -1,12 +1,13 @@
 // Phase 5 backward ops (namespace phase5_fused_bwd): validation that names the argument, then the
 // preprocessing (D_i) and the backward kernel on the current CUDA stream.
 //   attention_backward_fp32(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
-//       variant) -> (dq, dk, dv)   float32; variant 0: bwd_fp32.cu (FFMA, every head dim), 1:
+//       variant, window) -> (dq, dk, dv)   float32; variant 0: bwd_fp32.cu (FFMA, every head dim), 1:
 //       bwd_tf32x3.cu (3xTF32 tensor cores, D = 32, 64, 96, 128)
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
 //       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), or bwd_tc_2d.cu,
 //       variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles)
 //   variant -1 (the schema's default, autograd's): default_variant below.
+// window (with is_causal): a sliding window, query i sees keys i - window < j <= i; 0 for none.
 // k, v may have H_kv heads (H a multiple of H_kv): the kernels write dK, dV per query head and the op
 // sums each group (bwd_prepare.h, sum_over_groups); dk, dv have k's shape.
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
@@ -47,13 +48,13 @@ Grads attention_backward_fp32(const at::Tensor& q, const at::Tensor& k, const at
                               const c10::optional<at::Tensor>& dlse, const c10::optional<at::Tensor>& mask,
                               bool is_causal, c10::optional<double> scale, int64_t stride,
                               const c10::optional<at::Tensor>& key_lengths,
-                              int64_t variant) {
+                              int64_t variant, int64_t window) {
   const c10::cuda::CUDAGuard guard(q.device());
   if (variant == kDefaultVariant) variant = default_variant(q, /*tensor_cores=*/false);
   TORCH_CHECK(variant == 0 || variant == 1, "variant must be 0 (FFMA) or 1 (3xTF32 tensor cores) for the FP32 "
               "backward, or -1 (the default), got ", variant);
   phase5_bwd::Prepared prep =
-      phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths,
+      phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride, key_lengths, window,
                           variant == 1 ? phase5_bwd::Kernel::kFp32TensorCores : phase5_bwd::Kernel::kFp32);
   if (variant == 1) {
     phase5_bwd::launch_tf32x3_backward(prep.params, prep.D, c10::cuda::getCurrentCUDAStream());
@@ -68,13 +69,13 @@ Grads attention_backward_tc(const at::Tensor& q, const at::Tensor& k, const at::
                             const c10::optional<at::Tensor>& dlse, const c10::optional<at::Tensor>& mask,
                             bool is_causal, c10::optional<double> scale, int64_t stride,
                             const c10::optional<at::Tensor>& key_lengths,
-                            int64_t variant) {
+                            int64_t variant, int64_t window) {
   const c10::cuda::CUDAGuard guard(q.device());
   if (variant == kDefaultVariant) variant = default_variant(q, /*tensor_cores=*/true);
   TORCH_CHECK(variant >= 0 && variant <= 2, "variant must be 0, 1 or 2 for the tensor-core backward, or -1 (the "
               "default), got ", variant);
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, mask, is_causal, scale, stride,
-                                                  key_lengths, phase5_bwd::Kernel::kTensorCores);
+                                                  key_lengths, window, phase5_bwd::Kernel::kTensorCores);
   const phase5_bwd::DType kind =
       q.scalar_type() == at::kHalf ? phase5_bwd::DType::kHalf : phase5_bwd::DType::kBFloat16;
   phase5_bwd::launch_tc_backward(prep.params, prep.D, kind, static_cast<int>(variant),
@@ -90,7 +91,8 @@ TORCH_LIBRARY(phase5_fused_bwd, m) {
   for (const char* name : {"attention_backward_fp32", "attention_backward_tc"}) {
     const std::string schema = std::string(name) +
         "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, Tensor? dlse, Tensor? mask, "
-        "bool is_causal, float? scale, int stride, Tensor? key_lengths, int variant=-1) -> (Tensor, Tensor, Tensor)";
+        "bool is_causal, float? scale, int stride, Tensor? key_lengths, int variant=-1, int window=0) -> "
+        "(Tensor, Tensor, Tensor)";
     m.def(schema.c_str());
   }
 }

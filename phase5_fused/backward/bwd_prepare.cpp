@@ -48,7 +48,7 @@ void check_aligned(const at::Tensor& x, const char* name) {
 Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                  const at::Tensor& lse, const at::Tensor& dout, const c10::optional<at::Tensor>& dlse,
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
-                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, Kernel kernel,
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, int64_t window, Kernel kernel,
                  int64_t dq_row_multiple) {
   const bool tc = kernel == Kernel::kTensorCores || kernel == Kernel::kHopper;  // FP16 / BF16
   at::ScalarType dtype = at::kFloat;
@@ -121,6 +121,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   p.Sk = s.Sk;
   p.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
   p.masking = course::make_masking(mask, is_causal, stride, s, q);
+  p.window = static_cast<int>(course::check_window(window, is_causal, s.Sq));  // < Sq: fits in int
   prep.key_lengths = course::clamped_key_lengths(key_lengths, s, q);
   p.key_lengths = prep.key_lengths.defined() ? prep.key_lengths.data_ptr<int>() : nullptr;
 

@@ -27,6 +27,7 @@ struct Prepared {
   int D;
 };
 
+// window: a sliding window with is_causal, 0 for none (the Hopper op passes 0: its forward takes none).
 // dq is FP32 and zeroed (every key block adds its part), [B, H, rows, D] with rows = Sq rounded up to
 // a multiple of dq_row_multiple (the Hopper kernel adds whole 64-row tiles); dk, dv contiguous: k's
 // shape for the Hopper kernel, [B, H, Sk, D] for the others, which write them per query head
@@ -34,7 +35,7 @@ struct Prepared {
 Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                  const at::Tensor& lse, const at::Tensor& dout, const c10::optional<at::Tensor>& dlse,
                  const c10::optional<at::Tensor>& mask, bool is_causal, c10::optional<double> scale,
-                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, Kernel kernel,
+                 int64_t stride, const c10::optional<at::Tensor>& key_lengths, int64_t window, Kernel kernel,
                  int64_t dq_row_multiple = 1);
 
 // The gradient of a K/V head with G = H / H_kv query heads: per_query_head [B, H, Sk, D] summed over

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
     // warp, query 8 nt + 2t + e % 2 of the block. The loop exists twice (kMasked): with the
     // per-element mask for the blocks that need it, and without any test for all the others.
     const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0);
+                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
           if constexpr (kMasked) {
             const int64_t key = warp_k0 + g + 8 * (e >> 1);
             const int64_t row = q0 + 8 * nt + 2 * t + (e & 1);
-            visible = visible && row < p.Sq && key < kv_len;
+            visible = visible && row < p.Sq && key < kv_len && in_window(p, row, key);
             if (visible) {
               const float bias = course::mask_bias(p.masking, b, h, row, key);
               visible = bias != -CUDART_INF_F;

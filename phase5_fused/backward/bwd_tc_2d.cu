@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     // (s becomes P, dp becomes dS). Element e of tile (mt, nt): query s_row0 + 16 mt + g + 8 (e / 2),
     // key s_key0 + 8 nt + 2t + e % 2. With and without the per-element mask, as in bwd_tc.cu.
     const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0);
+                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
               if constexpr (kMasked) {
                 const int key = k0 + s_key0 + 8 * nt + 2 * t + (e & 1);
                 const int row = q0 + row_in_block;
-                visible = visible && row < Sq && key < kv_len;
+                visible = visible && row < Sq && key < kv_len && in_window(p, row, key);
                 if (visible) {
                   const float bias = course::mask_bias(p.masking, w.b, w.h, row, key);
                   visible = bias != -CUDART_INF_F;

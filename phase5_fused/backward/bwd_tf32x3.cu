@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
     // warp, query 8n + 2t + e % 2 of the block. With the per-score test only in the blocks that
     // need it (bwd_tc.cu's two loops).
     const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0);
+                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
           if constexpr (kMasked) {
             const int64_t key = warp_k0 + g + 8 * (e >> 1);
             const int64_t row = q0 + 8 * n + 2 * t + (e & 1);
-            visible = visible && row < p.Sq && key < kv_len;
+            visible = visible && row < p.Sq && key < kv_len && in_window(p, row, key);
             if (visible) {
               const float bias = course::mask_bias(p.masking, b, h, row, key);
               visible = bias != -CUDART_INF_F;

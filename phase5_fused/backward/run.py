@@ -27,6 +27,10 @@
    (enable_gqa) at GQA's shape, B=4, H=32 query heads over H_kv in {32, 8}, S=4096, D=128, causal
    and not, every (impl, H_kv) pair timed in the same turns (utils.bench.time_in_turns): each kernel
    with shared K/V heads against itself with one K/V head per query head.
+   Sliding window (op attention_backward_window): autograd's backward of phase5_fused_bwd_tc at
+   B=4, H=8, S=8192, D=128, causal, window in {256, 1024, 4096, none}, each row with its speed-up
+   over no window, beside sdpa_efficient given the same window as a boolean mask (a mask hides
+   scores but skips no work) and, without a window, sdpa_flash; TFLOP/s count the visible pairs.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
    PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variants 1 and 2 called
    directly, and the peer of each dtype): instruction counts, memory
@@ -76,6 +80,8 @@ BACKWARD_FLOP_FACTOR = 2.5
 GQA = {"B": 4, "H": 32, "H_kv": (32, 8), "S": 4096, "D": 128}
 GQA_IMPLS = [("phase5_fused_bwd_hopper", "hopper"), ("phase5_fused_bwd_tc", "tc"), ("sdpa_flash", "sdpa_flash"),
              ("sdpa_cudnn", "sdpa_cudnn")]
+# Sliding-window backward (FP16): B, H, S, D and the windows (None: causal without a window).
+WINDOW = {"B": 4, "H": 8, "S": 8192, "D": 128, "windows": (256, 1024, 4096, None)}
 # (impl, dtype, forward): ours first, then the peers of the same dtype.
 IMPLS = [("phase5_fused_bwd_hopper", torch.float16, "hopper"), ("phase5_fused_bwd_tc", torch.float16, "tc"),
          ("sdpa_flash", torch.float16, "sdpa_flash"), ("sdpa_cudnn", torch.float16, "sdpa_cudnn"),
@@ -224,6 +230,55 @@ def gqa_backward_rows(quick: bool) -> list[dict]:
     return rows
 
 
+def window_backward_rows(quick: bool) -> list[dict]:
+    """Autograd's backward of phase5_fused_bwd_tc, causal, with each window of WINDOW (S / 4 when
+    quick), and of sdpa_efficient with the same window as a boolean mask; without a window both
+    causal, and sdpa_flash beside them. speedup_vs_full: the same impl's time without a window over
+    this row's."""
+    from utils import roofline
+    from utils.bench import time_cuda
+    from utils.peers import sdpa
+
+    Bw, Hw, Dw = WINDOW["B"], WINDOW["H"], WINDOW["D"]
+    S = WINDOW["S"] // 4 if quick else WINDOW["S"]
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    q, k, v, dout = (torch.randn(Bw, Hw, S, Dw, device="cuda", dtype=torch.float16, generator=gen) for _ in range(4))
+    i, j = torch.arange(S, device="cuda").view(-1, 1), torch.arange(S, device="cuda").view(1, -1)
+    efficient = sdpa("sdpa_efficient")
+    rows, full_ms = [], {}
+    for window in sorted(WINDOW["windows"], key=lambda w: w is not None):  # None first: the bases
+        impls = {"phase5_fused_bwd_tc": lambda q_, k_, v_, c_, w=window: tensor_cores.attention(
+            q_, k_, v_, is_causal=c_, window=w)}
+        if window is None:
+            impls["sdpa_flash"] = forward_fn("sdpa_flash")
+            impls["sdpa_efficient"] = forward_fn("sdpa_efficient")
+        else:
+            keep = (j <= i) & (j > i - window)
+            impls["sdpa_efficient"] = lambda q_, k_, v_, c_, m=keep: efficient(q_, k_, v_, mask=m)
+        for impl, forward in impls.items():
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            try:
+                grad = backward_call(forward, leaves, dout, True, None)
+                grad()
+            except (RuntimeError, ValueError, TypeError) as exc:
+                print(f"    {impl} (window={window}): skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+                continue
+            ms = time_cuda(grad, warmup=3, reps=20, max_seconds=2.0)
+            flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(Bw, Hw, S, S, Dw, True, window=window)
+            row = {"impl": impl, "op": "attention_backward_window", "B": Bw, "H": Hw, "Sq": S, "Sk": S, "D": Dw,
+                   "dtype": "float16", "causal": True, "window": "none" if window is None else window, "ms": ms,
+                   "tflops": roofline.tflops(flops, ms)}
+            if window is None:
+                full_ms[impl] = ms
+            if impl in full_ms:
+                row["speedup_vs_full"] = full_ms[impl] / ms
+            print(f"    {impl:<26} window={row['window']!s:<5} {ms:8.3f} ms", flush=True)
+            rows.append(row)
+            del leaves, grad
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # Nsight Compute
 
@@ -278,7 +333,8 @@ def measure(args) -> Path:
     from utils.roofline import get_ceilings
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
-    rows = benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS) + gqa_backward_rows(args.quick)
+    rows = (benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS) + gqa_backward_rows(args.quick)
+            + window_backward_rows(args.quick))
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 

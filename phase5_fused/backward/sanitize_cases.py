@@ -3,8 +3,9 @@ float64 reference gradients; run under compute-sanitizer by `python -m utils.san
 phase5_fused.backward` (memcheck + racecheck).
 
 Sizes: Sq = 17, Sk = 150 (neither a multiple of any tile, Sq != Sk; two or three key blocks), one
-batch with a key length inside a block and one with none; causal, and the mask path with a fully
-masked row and the two query heads on one K/V head (grouped-query attention); every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
+batch with a key length inside a block and one with none; causal with a sliding window of 5 keys,
+and the mask path with a fully masked row and the two query heads on one K/V head (grouped-query
+attention); every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
 at its head dims, the 3xTF32 one; FP16 / BF16: each tile configuration). FP32 head dims: the
 versions' (each its own instance), then each padded tile width at a D 8 below it.
 """
@@ -41,7 +42,7 @@ def main() -> int:
             mask = random_bool_mask((B, 1, Sq, Sk))
             mask[:, :, 3] = False
             for m, causal in ((None, True), (mask, False)):
-                kw = {"mask": m, "is_causal": causal, "key_lengths": lengths}
+                kw = {"mask": m, "is_causal": causal, "key_lengths": lengths, "window": 5 if causal else None}
                 k, v = (k, v) if causal else (k[:, :1].contiguous(), v[:, :1].contiguous())  # H_kv = 1
                 out, lse = module.attention(q, k, v, return_lse=True, **kw)
                 # The float64 reference on the CPU: under the sanitizer only our kernels need the GPU.

@@ -112,15 +112,17 @@ def autograd_grads(module, q, k, v, dout, **kwargs):
     return [t.grad for t in leaves]
 
 
-def sdpa_grads(q, k, v, dout, mask=None, is_causal=False, scale=None, key_lengths=None):
-    """PyTorch SDPA's gradients in q's dtype (its default backend choice); masks and padding as one
-    additive bias in that dtype. NaN of fully masked rows counts as the zeros the reference defines."""
+def sdpa_grads(q, k, v, dout, mask=None, is_causal=False, scale=None, key_lengths=None, window=None):
+    """PyTorch SDPA's gradients in q's dtype (its default backend choice); masks, padding and a window
+    as one additive bias in that dtype. NaN of fully masked rows counts as the zeros the reference
+    defines."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if mask is None and key_lengths is None:
+    if mask is None and key_lengths is None and window is None:
         out = F.scaled_dot_product_attention(*leaves, is_causal=is_causal, scale=scale)
     else:
         B, H, Sq, _ = q.shape
-        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device)
+        bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, None, key_lengths, q.device,
+                                         window=window)
         out = F.scaled_dot_product_attention(*leaves, attn_mask=bias.to(q.dtype), scale=scale)
     out.backward(dout)
     return [t.grad.nan_to_num(0.0) for t in leaves]
@@ -406,7 +408,7 @@ def test_fp32_every_forward_version_is_differentiable():
 
 
 # ------------------------------------------------------------------------------------------------
-# Grouped-query heads: k, v with H_kv < H heads
+# Grouped-query heads (k, v with H_kv < H heads) and sliding windows
 
 
 @requires_gpu
@@ -462,6 +464,68 @@ def test_grouped_direct_call_matches_expanded_heads(dtype):
                      rel_tol=1e-5 if dtype == torch.float32 else 2e-3, what="dq", seed_info=f"{info} v{variant}")
         for name, got, per_head in zip(("dk", "dv"), grouped[1:], expanded[1:]):
             assert torch.equal(got, per_head.unflatten(1, (2, 4)).sum(2)), f"{name} variant {variant} {info}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("D", (64, 128))
+@pytest.mark.parametrize("window", [1, 40, 130, 1000])
+def test_sliding_window(dtype, D, window):
+    """A sliding window through the forwards' autograd, on grouped K/V heads, Sq != Sk, a batch's keys
+    padded: a window of one key, one inside a block, one spanning blocks, one past Sq (no key
+    hidden). Key blocks no query's window reaches are skipped; their keys must still get dk = dv = 0
+    where no query sees them (keys past the last query row)."""
+    B, H, H_kv, Sq, Sk = 2, 4, 2, 300, 333
+    q, k, v, dout, info = grouped_inputs(B, H, H_kv, Sq, Sk, D, dtype)
+    kw = {"is_causal": True, "window": window, "key_lengths": torch.tensor([Sk, 200], device="cuda")}
+    info = f"{info} window={window}"
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    module = fp32 if dtype == torch.float32 else tc
+    grads = autograd_grads(module, q, k, v, dout, **kw)
+    if dtype == torch.float32:
+        check_fp32(grads, refs, info)
+    else:
+        check_tc(grads, refs, expanded_sdpa_grads(q, k, v, dout, **kw), info)
+    for name, g in (("dk", grads[1]), ("dv", grads[2])):
+        assert torch.equal(g[..., Sq:, :], torch.zeros_like(g[..., Sq:, :])), f"{name} of keys no query sees {info}"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
+def test_window_every_variant_with_a_mask(dtype):
+    """Every variant called directly with a window and a bool mask holding a fully masked row; a
+    window of 70 keys across blocks of 64 and 128 keys."""
+    B, H, Sq, Sk, D = 2, 2, 260, 260, 64
+    q, k, v, dout, info = make_inputs(B, H, Sq, Sk, D, dtype)
+    mask = random_bool_mask((B, 1, Sq, Sk))
+    mask[..., 5, :] = False
+    kw = {"mask": mask, "is_causal": True, "window": 70}
+    module = fp32 if dtype == torch.float32 else tc
+    out, lse = module.attention(q, k, v, return_lse=True, **kw)
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    peers = None if dtype == torch.float32 else sdpa_grads(q, k, v, dout, **kw)
+    for variant in backward.variants_for(dtype, D):
+        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+        if dtype == torch.float32:
+            check_fp32(grads, refs, f"{info} variant {variant}")
+        else:
+            check_tc(grads, refs, peers, f"{info} variant {variant}")
+        assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
+
+
+@requires_gpu
+def test_window_arguments_named():
+    q, k, v, dout, _ = make_inputs(1, 2, 16, 24, 64, torch.float16)
+    out, lse = tc.attention(q, k, v, is_causal=True, return_lse=True)
+    with pytest.raises(ValueError, match="window=4 needs is_causal=True"):
+        backward.attention_backward(q, k, v, out, lse, dout, window=4)
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        backward.attention_backward(q, k, v, out, lse, dout, is_causal=True, window=0)
+    ops = backward.load()
+    with pytest.raises(RuntimeError, match="window=4 needs is_causal=True"):
+        ops.attention_backward_tc(q, k, v, out, lse, dout, None, None, False, None, 1, None, -1, 4)
+    with pytest.raises(RuntimeError, match="window must be >= 1"):
+        ops.attention_backward_tc(q, k, v, out, lse, dout, None, None, True, None, 1, None, -1, -2)
 
 
 @requires_gpu

@@ -25,8 +25,7 @@ attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_leng
     (fused.h's fastest_is_version6): what final.attention's `fused` mode runs.
     Differentiable in q, k, v (not in the mask): the backward is phase5_fused.backward's FP32
     kernel (FlashAttention-2, Algorithm 2); when an input requires grad the forward also writes lse,
-    the one statistic the backward needs. The backward takes grouped heads but no window: inputs
-    that require grad with a window are refused (ValueError); run under torch.no_grad().
+    the one statistic the backward needs. The backward takes grouped heads and windows too.
 
 Nothing is built at import; the extension is compiled on the first call (or load()).
 The FP16/BF16 tensor-core kernel is the next lesson: phase5_fused.tensor_cores.
@@ -166,9 +165,6 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None, stride=None, key_
     ops = load()
     # The backward needs the logsumexp: ask for it when autograd will want a gradient.
     needs_grad = records_grad(q, k, v)
-    if needs_grad and window is not None:
-        raise ValueError(f"window={window}: the backward kernels take no window, and an input requires grad; "
-                         "run under torch.no_grad()")
     args = (q, k, v, mask, is_causal, None if scale is None else float(scale),
             1 if stride is None else stride, key_lengths, bool(return_lse) or needs_grad)
     # Without a gradient to record, the op without an autograd formula where the version has one: no

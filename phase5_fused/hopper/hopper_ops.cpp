@@ -170,7 +170,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   // Checks, dk, dv, the zeroed dQ accumulator (whole kBwdBr-row tiles) and D_i on this stream; then
   // what only this kernel needs.
   phase5_bwd::Prepared prep = phase5_bwd::prepare(q, k, v, out, lse, dout, dlse, c10::nullopt, is_causal, scale, 1,
-                                                  key_lengths, phase5_bwd::Kernel::kHopper, hopper::kBwdBr);
+                                                  key_lengths, /*window=*/0, phase5_bwd::Kernel::kHopper,
+                                                  hopper::kBwdBr);
   const phase5_bwd::BwdParams& b = prep.params;
   TORCH_CHECK(hopper::supported_head_dim(prep.D), "head dim D=", prep.D,
               " (q.size(3)) is not supported by the Hopper backward: use 64 or 128");

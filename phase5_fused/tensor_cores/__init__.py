@@ -15,8 +15,8 @@ Accumulation and the softmax statistics are FP32; the output has the inputs' dty
 return_lse=True also returns the rows' logsumexp ([B, H, Sq] float32, natural log, -inf for a row
 with no visible key; op attention_lse). Differentiable in q, k, v (not the mask): the backward is
 phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad;
-that backward takes grouped heads but no window, and only D in backward.TC_SUPPORTED_D, so other
-inputs that require grad are refused.
+that backward takes grouped heads and windows, but only D in backward.TC_SUPPORTED_D, so inputs at
+another D that require grad are refused.
 
 version= picks one of the lesson's versions (VERSIONS, in order, each one idea further; README
 "Versions"): "v1_mma" (tc_v1_mma.cu), "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "v5_exp2",
@@ -191,9 +191,6 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
     needs_grad = records_grad(q, k, v)
-    if needs_grad and window is not None:
-        raise ValueError(f"window={window}: the backward kernels take no window, and an input requires grad; "
-                         "run under torch.no_grad()")
     if needs_grad and not dim_in(D, backward.TC_SUPPORTED_D):
         raise ValueError(f"head dim D={D} (q.shape[-1]): the tensor-core backward takes D in "
                          f"{backward.TC_SUPPORTED_D}, and an input requires grad; run under torch.no_grad()")

@@ -381,12 +381,9 @@ def test_gqa_window_lse(D):
 
 
 @requires_gpu
-def test_window_refused_with_grad_grouped_heads_taken():
+def test_grouped_heads_and_window_record_a_gradient():
     q, k, v, info = make_qkv(1, 4, 16, 24, 64, torch.float16, H_kv=2)
-    with pytest.raises(ValueError, match="window=4: the backward kernels take no window"):
-        tc.attention(q.requires_grad_(), k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True,
-                     window=4)
-    assert tc.attention(q, k, v).requires_grad  # grouped heads: the backward takes them
+    assert tc.attention(q.requires_grad_(), k, v, is_causal=True, window=4).requires_grad
     with torch.no_grad():
         check(q, k, v, info, is_causal=True, window=4)
 
