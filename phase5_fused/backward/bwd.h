@@ -40,7 +40,9 @@ __host__ __device__ inline int64_t kv_pair(int64_t bh, const BwdParams& p) {
   return static_cast<int>(bh) / (static_cast<int>(p.H) / static_cast<int>(p.H_kv));
 }
 
-// The sliding window, in three questions the kernels ask (window 0: none, every answer "all").
+// The sliding window, in three questions the kernels ask (window 0: none, every answer "all"). The
+// tensor-core kernels ask the per-tile and per-score ones only in their instance for a user mask or
+// a window (kMaskOrWindow), so that a call with neither runs code without them.
 // Whether key j is inside query i's window (causal hides the keys after i).
 __host__ __device__ inline bool in_window(const BwdParams& p, int64_t i, int64_t j) {
   return p.window == 0 || j > i - p.window;

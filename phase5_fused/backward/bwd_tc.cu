@@ -58,7 +58,7 @@ struct BwdTile {
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * 2 + 4 * kBr * 4;
 };
 
-template <typename T, typename Cfg, bool kHasMask>
+template <typename T, typename Cfg, bool kMaskOrWindow>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
@@ -181,8 +181,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
     // in place (s becomes P^T, dp becomes dS^T). Element e of n8 tile nt: key g + 8 (e / 2) of the
     // warp, query 8 nt + 2t + e % 2 of the block. The loop exists twice (kMasked): with the
     // per-element mask for the blocks that need it, and without any test for all the others.
-    const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
+    const bool need_mask = (kMaskOrWindow && p.masking.mask.kind != course::MaskKind::kNone) ||
+                           p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
+                           (causal && k0 + kBc - 1 > q0) || (kMaskOrWindow && crosses_window(p, q0, kBr, k0));
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
           if constexpr (kMasked) {
             const int64_t key = warp_k0 + g + 8 * (e >> 1);
             const int64_t row = q0 + 8 * nt + 2 * t + (e & 1);
-            visible = visible && row < p.Sq && key < kv_len && in_window(p, row, key);
+            visible = visible && row < p.Sq && key < kv_len && (!kMaskOrWindow || in_window(p, row, key));
             if (visible) {
               const float bias = course::mask_bias(p.masking, b, h, row, key);
               visible = bias != -CUDART_INF_F;
@@ -317,14 +318,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #endif
 }
 
-template <typename T, typename Cfg, bool kHasMask>
+template <typename T, typename Cfg, bool kMaskOrWindow>
 void launch(const BwdParams& p, cudaStream_t stream) {
-  launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, kHasMask>>(p, stream);
+  launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, kMaskOrWindow>>(p, stream);
 }
 
 template <typename T, int D>
 void launch_for_variant(const BwdParams& p, int variant, cudaStream_t stream) {
-  const bool masked = p.masking.mask.kind != course::MaskKind::kNone;
+  const bool masked = p.masking.mask.kind != course::MaskKind::kNone || p.window > 0;
   if (variant == 0) {
     masked ? launch<T, BwdTile<D, 4>, true>(p, stream) : launch<T, BwdTile<D, 4>, false>(p, stream);
   } else {

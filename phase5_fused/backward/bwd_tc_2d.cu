@@ -51,7 +51,7 @@ struct Tile2d {
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + 2 * kBr * kBc) * 2 + 4 * kBr * 4;
 };
 
-template <typename T, typename Cfg, bool kHasMask>
+template <typename T, typename Cfg, bool kMaskOrWindow>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const BwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
@@ -186,8 +186,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     // Step 2: P = 2^(S scale log2(e) + bias log2(e) - L_i log2(e)) and dS = P (dP - D_i), in place
     // (s becomes P, dp becomes dS). Element e of tile (mt, nt): query s_row0 + 16 mt + g + 8 (e / 2),
     // key s_key0 + 8 nt + 2t + e % 2. With and without the per-element mask, as in bwd_tc.cu.
-    const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
+    const bool need_mask = (kMaskOrWindow && p.masking.mask.kind != course::MaskKind::kNone) ||
+                           p.masking.stride > 1 || q0 + kBr > Sq || k0 + kBc > kv_len ||
+                           (causal && k0 + kBc - 1 > q0) || (kMaskOrWindow && crosses_window(p, q0, kBr, k0));
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
               if constexpr (kMasked) {
                 const int key = k0 + s_key0 + 8 * nt + 2 * t + (e & 1);
                 const int row = q0 + row_in_block;
-                visible = visible && row < Sq && key < kv_len && in_window(p, row, key);
+                visible = visible && row < Sq && key < kv_len && (!kMaskOrWindow || in_window(p, row, key));
                 if (visible) {
                   const float bias = course::mask_bias(p.masking, w.b, w.h, row, key);
                   visible = bias != -CUDART_INF_F;
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 
 template <typename T, int D>
 void launch_for_mask(const BwdParams& p, cudaStream_t stream) {
-  if (p.masking.mask.kind != course::MaskKind::kNone) {
+  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
     launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, true>>(p, stream);
   } else {
     launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, false>>(p, stream);

@@ -206,7 +206,7 @@ __device__ __forceinline__ void accumulate_product(float (&dx)[kPairs][2][4], co
   }
 }
 
-template <typename Cfg, bool kHasMask>
+template <typename Cfg, bool kMaskOrWindow>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_kernel(const BwdParams p) {
   constexpr int D = Cfg::D, kBr = Cfg::Br;
   constexpr int kN = kBr / 8;       // n8 tiles of S^T (queries); k8 steps of dV, dK
@@ -286,8 +286,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
     // in place (s becomes P^T, dp becomes dS^T). Element e of n8 tile n: key g + 8 (e / 2) of the
     // warp, query 8n + 2t + e % 2 of the block. With the per-score test only in the blocks that
     // need it (bwd_tc.cu's two loops).
-    const bool need_mask = kHasMask || p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
-                           (causal && k0 + kBc - 1 > q0) || crosses_window(p, q0, kBr, k0);
+    const bool need_mask = (kMaskOrWindow && p.masking.mask.kind != course::MaskKind::kNone) ||
+                           p.masking.stride > 1 || q0 + kBr > p.Sq || k0 + kBc > kv_len ||
+                           (causal && k0 + kBc - 1 > q0) || (kMaskOrWindow && crosses_window(p, q0, kBr, k0));
     const float scale_log2 = p.scale * kLog2e;
     auto probabilities_and_grads = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
           if constexpr (kMasked) {
             const int64_t key = warp_k0 + g + 8 * (e >> 1);
             const int64_t row = q0 + 8 * n + 2 * t + (e & 1);
-            visible = visible && row < p.Sq && key < kv_len && in_window(p, row, key);
+            visible = visible && row < p.Sq && key < kv_len && (!kMaskOrWindow || in_window(p, row, key));
             if (visible) {
               const float bias = course::mask_bias(p.masking, b, h, row, key);
               visible = bias != -CUDART_INF_F;
@@ -404,9 +405,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
   }
 }
 
-template <typename Cfg, bool kHasMask>
+template <typename Cfg, bool kMaskOrWindow>
 void launch(const BwdParams& p, int device, cudaStream_t stream) {
-  constexpr auto kernel = tf32x3_backward_kernel<Cfg, kHasMask>;
+  constexpr auto kernel = tf32x3_backward_kernel<Cfg, kMaskOrWindow>;
   course::opt_in_shared_memory<kernel>(device, Cfg::kSmemBytes);
   const int64_t blocks = course::ceil_div<int64_t>(p.Sk, kBc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", kBc, ")) for one grid");
@@ -416,7 +417,7 @@ void launch(const BwdParams& p, int device, cudaStream_t stream) {
 
 template <int D>
 void launch_for_mask(const BwdParams& p, int device, cudaStream_t stream) {
-  if (p.masking.mask.kind != course::MaskKind::kNone) {
+  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
     launch<Tf32Tile<D>, true>(p, device, stream);
   } else {
     launch<Tf32Tile<D>, false>(p, device, stream);

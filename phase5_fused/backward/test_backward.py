@@ -128,19 +128,25 @@ def sdpa_grads(q, k, v, dout, mask=None, is_causal=False, scale=None, key_length
     return [t.grad.nan_to_num(0.0) for t in leaves]
 
 
-def cancelling_terms(q, k, v, dout, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None):
+def cancelling_terms(q, k, v, dout, mask=None, is_causal=False, scale=None, stride=None, key_lengths=None,
+                     window=None):
     """The sizes of the terms whose differences make dq and dk, in float64: with T = P * (|dO| |V|^T
     + |D_i|), c T |K| and c T^T |Q| (dS = P * (dP - D_i) and |dP - D_i| <= T / P). Where the terms
-    cancel exactly (Sk = 1: P = 1, O = v, so dP = D_i and dq = dk = 0), FP32's rounding of dP - D_i
-    is all that is left, and it is measured against them, as assert_close's ref_scale does for a product."""
-    q64, k64, v64, do64 = (t.detach().to(torch.float64) for t in (q, k, v, dout))
+    cancel exactly (one visible key per row, Sk = 1 or a window of 1: P = 1, O = v, so dP = D_i and
+    dq = dk = 0), FP32's rounding of dP - D_i is all that is left, and it is measured against them,
+    as assert_close's ref_scale does for a product. Grouped k, v: the dk terms sum over each group."""
+    group = q.shape[1] // k.shape[1]
+    q64, do64 = (t.detach().to(torch.float64) for t in (q, dout))
+    k64, v64 = (t.detach().to(torch.float64).repeat_interleave(group, dim=1) for t in (k, v))
     B, H, Sq, D = q.shape
     c = 1.0 / math.sqrt(D) if scale is None else scale
-    bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, stride, key_lengths, q.device)
+    bias = reference.attention_bias(B, H, Sq, k.shape[2], mask, is_causal, stride, key_lengths, q.device,
+                                    window=window)
     p = reference.softmax(c * q64 @ k64.mT + bias)
     d_i = (do64 * (p @ v64)).sum(-1, keepdim=True)
     t = p * (do64.abs() @ v64.abs().mT + d_i.abs())
-    return abs(c) * t @ k64.abs(), abs(c) * t.mT @ q64.abs()
+    dk_terms = abs(c) * t.mT @ q64.abs()
+    return abs(c) * t @ k64.abs(), dk_terms.unflatten(1, (k.shape[1], group)).sum(2)
 
 
 def check_fp32(grads, refs, info, scales=(None, None, None)):
@@ -157,8 +163,9 @@ def check_tc(grads, refs, peers, info):
 
 def fp32_scales(q, k, v, dout, Sk, **kwargs):
     """assert_close's ref_scale for dq, dk, dv in FP32: the cancelling terms where dq and dk are
-    exactly zero (Sk = 1), the references themselves otherwise."""
-    return (*cancelling_terms(q, k, v, dout, **kwargs), None) if Sk == 1 else (None, None, None)
+    exactly zero (Sk = 1, or a window of one key), the references themselves otherwise."""
+    one_key = Sk == 1 or kwargs.get("window") == 1
+    return (*cancelling_terms(q, k, v, dout, **kwargs), None) if one_key else (None, None, None)
 
 
 def run_case(dtype, B, H, Sq, Sk, D, **kwargs):
@@ -483,7 +490,7 @@ def test_sliding_window(dtype, D, window):
     module = fp32 if dtype == torch.float32 else tc
     grads = autograd_grads(module, q, k, v, dout, **kw)
     if dtype == torch.float32:
-        check_fp32(grads, refs, info)
+        check_fp32(grads, refs, info, fp32_scales(q, k, v, dout, Sk, **kw))
     else:
         check_tc(grads, refs, expanded_sdpa_grads(q, k, v, dout, **kw), info)
     for name, g in (("dk", grads[1]), ("dv", grads[2])):
