@@ -2,8 +2,9 @@
 // takes key block x % n_kblocks of head x / n_kblocks (a head's key blocks run side by side, so the
 // Q, dO and dQ rows they all read and add to stay in L2: FlashAttention-2's order), and the query
 // blocks of kBr rows that see its keys: from the diagonal on (causal) to the last row whose window
-// reaches the block (a sliding window), none for a block of padding keys. With grouped-query heads the block reads the K/V rows of its query head's K/V head and
-// writes dK, dV per query head (the op sums each group).
+// reaches the block (a sliding window), none for a block of padding keys. With grouped-query heads
+// the block reads the K/V rows of its query head's K/V head and writes dK, dV per query head (the
+// op sums each group).
 #pragma once
 
 #include <cstdint>

@@ -193,10 +193,10 @@ def benchmark(seq_lens) -> list[dict]:
 
 
 def gqa_backward_rows(quick: bool) -> list[dict]:
-    """Autograd's backward of each impl of GQA_IMPLS on the same q (and dO) over the
-    k, v of each H_kv, causal and not (S / 4 when quick); every (impl, H_kv) pair timed in the same
-    turns, so that the ratio of a kernel's two rows comes from the same rounds. A pair that is
-    rejected or runs out of memory is left out with a note."""
+    """Autograd's backward of each impl of GQA_IMPLS on the same q (and dO) over the k, v of each
+    H_kv, causal and not (S / 4 when quick); every (impl, H_kv) pair timed in the same turns, so that
+    the ratio of a kernel's two rows comes from the same rounds. A pair that is rejected or runs out
+    of memory is left out with a note."""
     from utils import roofline
     from utils.bench import time_in_turns
 

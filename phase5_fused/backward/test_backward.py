@@ -445,7 +445,7 @@ def test_grouped_query_heads(dtype, D, H, H_kv, causal):
 
 
 @requires_gpu
-def test_grouped_query_heads_fp32_stride_and_every_tile_width():
+def test_grouped_query_heads_fp32_padded_head_dim_and_stride():
     """The FP32 kernel's grouped path at a padded head dim (D = 40) and with a stride."""
     q, k, v, dout, info = grouped_inputs(2, 4, 2, 77, 130, 40, torch.float32)
     for kw in ({"is_causal": True}, {"stride": 3}):
