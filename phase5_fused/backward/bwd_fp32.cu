@@ -105,8 +105,9 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
   const int64_t j0 = static_cast<int64_t>(blockIdx.x / BH) * Bc;
   const int64_t b = bh / p.H, h = bh % p.H;
   const float* q = static_cast<const float*>(p.q) + bh * p.Sq * head_dim;
-  const float* k = static_cast<const float*>(p.k) + kv_pair(bh, p) * p.Sk * head_dim;
-  const float* v = static_cast<const float*>(p.v) + kv_pair(bh, p) * p.Sk * head_dim;
+  const int64_t kv_rows = kv_pair(bh, p) * p.Sk * head_dim;
+  const float* k = static_cast<const float*>(p.k) + kv_rows;
+  const float* v = static_cast<const float*>(p.v) + kv_rows;
   const float* dout = static_cast<const float*>(p.dout) + bh * p.Sq * head_dim;
   const float* lse = p.lse + bh * p.Sq;
   const float* delta = p.delta + bh * p.Sq;

@@ -40,8 +40,9 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
   w.qb_first = p.masking.causal ? w.k0 / kBr : 0;
   w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(query_rows_end(p, w.k0, kBc), kBr) - w.qb_first : 0;
   w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * D;
-  w.K = static_cast<const T*>(p.k) + kv_pair(w.bh, p) * p.Sk * D;
-  w.V = static_cast<const T*>(p.v) + kv_pair(w.bh, p) * p.Sk * D;
+  const int64_t kv_rows = kv_pair(w.bh, p) * p.Sk * D;
+  w.K = static_cast<const T*>(p.k) + kv_rows;
+  w.V = static_cast<const T*>(p.v) + kv_rows;
   w.dO = static_cast<const T*>(p.dout) + w.bh * p.Sq * D;
   w.lse = p.lse + w.bh * p.Sq;
   w.delta = p.delta + w.bh * p.Sq;

@@ -131,6 +131,17 @@ def backward_call(forward, leaves, dout, causal, variant):
     return lambda: backward_fn(q, k, v, out, lse, dout, is_causal=causal, variant=number)
 
 
+def first_call(label, forward, leaves, dout, causal, variant=None):
+    """backward_call's timed call and the gradients of its first run, or (None, None) with a note
+    naming `label` when the impl refuses the inputs."""
+    try:
+        grad = backward_call(forward, leaves, dout, causal, variant)
+        return grad, grad()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        print(f"    {label}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+        return None, None
+
+
 def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
     """Time the backward of one saved forward, as a results row (None when the impl refuses)."""
     from utils import roofline
@@ -139,11 +150,8 @@ def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
 
     q = leaves[0]
     _, _, S, D = q.shape
-    try:
-        grad = backward_call(forward, leaves, dout, causal, variant)
-        grads = grad()
-    except (RuntimeError, ValueError, TypeError) as exc:
-        print(f"    {impl}: skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+    grad, grads = first_call(impl, forward, leaves, dout, causal, variant)
+    if grad is None:
         return None
     ms = time_cuda(grad, warmup=3, reps=20, max_seconds=2.0)
     flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(B, H, S, S, D, causal)
@@ -212,13 +220,9 @@ def gqa_backward_rows(quick: bool) -> list[dict]:
             k, v = (torch.randn(Bg, H_kv, S, Dg, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
             for impl, fwd in impls:
                 leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-                try:
-                    grad = backward_call(forward_fn(fwd), leaves, dout, causal, None)
-                    grad()
-                except (RuntimeError, ValueError, TypeError) as exc:
-                    print(f"    {impl} (H_kv={H_kv}): skipped ({str(exc).splitlines()[0][:100]})", flush=True)
-                    continue
-                runs[impl, H_kv] = grad
+                grad, _ = first_call(f"{impl} (H_kv={H_kv})", forward_fn(fwd), leaves, dout, causal)
+                if grad is not None:
+                    runs[impl, H_kv] = grad
         flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(Bg, Hg, S, S, Dg, causal)
         for (impl, H_kv), ms in time_in_turns(runs, warmup=2, reps=10, max_seconds=1.0).items():
             print(f"    {impl:<26} H_kv={H_kv:<3} causal={causal!s:<5} {ms:8.3f} ms", flush=True)
@@ -257,11 +261,8 @@ def window_backward_rows(quick: bool) -> list[dict]:
             impls["sdpa_efficient"] = lambda q_, k_, v_, c_, m=keep: efficient(q_, k_, v_, mask=m)
         for impl, forward in impls.items():
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            try:
-                grad = backward_call(forward, leaves, dout, True, None)
-                grad()
-            except (RuntimeError, ValueError, TypeError) as exc:
-                print(f"    {impl} (window={window}): skipped ({str(exc).splitlines()[0][:100]})", flush=True)
+            grad, _ = first_call(f"{impl} (window={window})", forward, leaves, dout, True)
+            if grad is None:
                 continue
             ms = time_cuda(grad, warmup=3, reps=20, max_seconds=2.0)
             flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(Bw, Hw, S, S, Dw, True, window=window)
