@@ -54,7 +54,7 @@ def dim_in(D, dims) -> bool:
     if type(D) is int:  # the common case, checked on every call: a plain membership test
         return D in dims
     if isinstance(dims, range):
-        return dims.start <= D < dims.stop
+        return dims.start <= D < dims.stop and (dims.step == 1 or (D - dims.start) % dims.step == 0)
     return any(D == d for d in dims)
 
 
