@@ -169,6 +169,7 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
     // Step 5: P_ij = exp(scale S_ij + bias - L_i), the forward's probabilities recomputed from the
     // saved logsumexp; dS_ij = P_ij (dP_ij - D_i). Hidden scores (padding, causal, stride, the
     // window, the user's mask) and rows past Sq give P = dS = 0; so does a fully masked row (L_i = -inf).
+    // BEGIN SOLUTION: Step 5 for this thread's TQ x TN scores (rows ty + 16 a, keys tx + 16 n of the block): P_ij = exp(scale S_ij + bias - L_i) from s, the saved L_i in Ls and the mask's bias (course::mask_bias when any_mask), into Ps; dS_ij = P_ij (dP_ij - D_i) from dp and Ds, into dSs. A row past Sq, a padding key (key >= kv_len), a key outside the window (in_window), a bias of -inf and a row with L_i = -inf give P = dS = 0, never NaN (README: The derivation)
 #pragma unroll
     for (int a = 0; a < TQ; ++a) {
       const int r = ty + kTY * a;
@@ -186,9 +187,11 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
         dSs[r * LDS + c] = pij * (dp[a][n] - Ds[r]);
       }
     }
+    // END SOLUTION
     __syncthreads();
 
     // Step 6: dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i (the scale is applied at the end).
+    // BEGIN SOLUTION: Step 6 for this thread's TK x TD of dV_j and dK_j (key rows ty + 16 a, head columns tx + 16 c): over the block's Br query rows r, dv += P_ij[r][key] dO_i[r][col] and dk += dS_ij[r][key] Q_i[r][col], from Ps, dSs, dOs and Qs in shared memory; no scale here, step 8 applies it (README: Algorithm 2: loop order and what each thread block owns)
 #pragma unroll 2
     for (int r = 0; r < Br; ++r) {
 #pragma unroll
@@ -202,9 +205,11 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
         }
       }
     }
+    // END SOLUTION
 
     // Step 7: dQ_i += scale dS_ij K_j, added to global memory with atomics: other key blocks add
     // their parts to the same rows at the same time.
+    // BEGIN SOLUTION: Step 7 for this thread's TQ x TD of dQ_i (query rows ty + 16 a, head columns tx + 16 c): the sum over the block's Bc keys of dS_ij[row][key] K_j[key][col] from dSs and Ks, times scale, added with atomicAdd into dq (row-major, rows of head_dim floats), since every key block adds to the same rows; rows past Sq and, in a padded instance, columns at or past head_dim are not touched (README: Where the atomics are, and how to avoid them)
     float dqa[TQ][TD];
 #pragma unroll
     for (int a = 0; a < TQ; ++a)
@@ -228,6 +233,7 @@ __global__ void __launch_bounds__(kThreads) fp32_backward_kernel(const BwdParams
         if (!Cfg::kPadded || tx + kTX * c < head_dim)
           atomicAdd(dq + row * head_dim + tx + kTX * c, p.scale * dqa[a][c]);
     }
+    // END SOLUTION
   }
 
   // Step 8: dK_j = scale * (sum over i of dS_ij^T Q_i), dV_j: written once, every row of the block

@@ -36,10 +36,12 @@ __global__ void preprocess_kernel(const T* out, RowStrides os, const T* dout, Ro
   const int64_t i = row % Sq, h = (row / Sq) % H, b = row / (Sq * H);
   const T* o = out + b * os.b + h * os.h + i * os.s;
   const T* dO = dout + b * ds.b + h * ds.h + i * ds.s;
+  // BEGIN SOLUTION: D_i of this warp's row: the dot product of the rows dO and o (D elements each, in FP32 through to_float), each lane a strided part of it, summed over the warp (course::warp_reduce_sum), and lane 0 writes delta[row], less dlse[row] when dlse is given (README: The derivation)
   float sum = 0.0f;
   for (int d = lane; d < D; d += course::kWarpSize) sum = fmaf(to_float(dO[d]), to_float(o[d]), sum);
   sum = course::warp_reduce_sum(sum);
   if (lane == 0) delta[row] = dlse != nullptr ? sum - dlse[row] : sum;
+  // END SOLUTION
 }
 
 template <typename T>

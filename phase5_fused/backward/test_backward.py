@@ -29,6 +29,9 @@ TC_DTYPES = (torch.float16, torch.bfloat16)
 # FP32 head dims on the backward's padded tiles: not a multiple of 16 (8, 40, 136, 200), a tile's
 # width itself (256); each of a different tile width.
 FP32_PADDED_D = (8, 40, 136, 200, 256)
+# Test ids of the FP32 kernels: 0, bwd_fp32.cu (the teaching kernel, whose steps the starter kit
+# leaves to the student), 1, bwd_tf32x3.cu.
+FP32_VARIANT_IDS = ["teaching", "tf32x3"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ def run_variant_case(variant, B, H, Sq, Sk, D, **kwargs):
 
 
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("variant", [0, 1], ids=FP32_VARIANT_IDS)
 @pytest.mark.parametrize("D", backward.TF32X3_SUPPORTED_D)
 @pytest.mark.parametrize("S", [1, 17, 127, 1000])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -268,7 +271,7 @@ def test_fp32_tf32x3_long_sums(D):
 
 
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("variant", [0, 1], ids=FP32_VARIANT_IDS)
 @pytest.mark.parametrize("Sq,Sk", CROSS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp32_variants_cross_lengths(variant, Sq, Sk, causal):
@@ -276,7 +279,7 @@ def test_fp32_variants_cross_lengths(variant, Sq, Sk, causal):
 
 
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("variant", [0, 1], ids=FP32_VARIANT_IDS)
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp32_variants_masks_padding_stride_scale(variant, kind, causal):
