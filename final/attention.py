@@ -24,8 +24,8 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). A backward pass takes what its forward takes
-(grouped heads, windows), except "yes*": fused_tc's only at D in backward.TC_SUPPORTED_D (32, 64,
-96, 128; its forward takes every multiple of 8 from 8 to 256): such inputs that require grad are
+(grouped heads, windows), except "yes*": fused_tc's only at D in backward.TC_SUPPORTED_D (every
+multiple of 8 up to 128; its forward takes them up to 256): such inputs that require grad are
 refused.
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
@@ -140,7 +140,13 @@ def _dt(dtype: torch.dtype) -> str:
 
 
 def _dims(dims) -> str:
-    return f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else "{" + ", ".join(map(str, dims)) + "}"
+    """A range as first..last; a tuple as a set, an evenly spaced one of more than four as {a, b, ..., z}."""
+    if isinstance(dims, range):
+        return f"{dims.start}..{dims.stop - 1}"
+    steps = {b - a for a, b in zip(dims, dims[1:])}
+    if len(dims) > 4 and len(steps) == 1:
+        return f"{{{dims[0]}, {dims[1]}, ..., {dims[-1]}}}"
+    return "{" + ", ".join(map(str, dims)) + "}"
 
 
 class UnsupportedModeError(ValueError):

@@ -18,8 +18,8 @@ h // (H // H_kv), write dk and dv per query head, and the op sums each group's h
 (FlashAttention-2's expanded buffer: H / H_kv times the dk, dv memory for the duration of the
 call); dk and dv have k's shape. Head dims: float32 takes the FP32 forward's
 (phase5_fused.fp32.SUPPORTED_D, every multiple of 8 up to 256, checked by the op with that
-forward's C++ rule); float16 and bfloat16 take TC_SUPPORTED_D, the tensor-core kernel's instances
-(bwd.h), fewer than the tensor-core forward takes.
+forward's C++ rule); float16 and bfloat16 take TC_SUPPORTED_D, every multiple of 8 up to 128 (bwd.h),
+fewer than the tensor-core forward takes (up to 256).
 
 The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
 forward package registers when it loads its extension: phase5_fused.fp32.attention and
@@ -38,9 +38,11 @@ from utils.checks import check_attention_inputs, check_cuda_tensor
 NAME = "phase5_fused_bwd"
 SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu", "bwd_tc_2d.cu", "bwd_tf32x3.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Head dims of the tensor-core kernel (bwd_tc.cu's instances, bwd.h's kTcSupportedD, which the op
-# checks); phase5_fused.tensor_cores.attention refuses others when an input requires grad.
-TC_SUPPORTED_D = (32, 64, 96, 128)
+# Head dims of the tensor-core kernel (bwd.h's tc_supports_head_dim, which the op checks):
+# phase5_fused.tensor_cores.attention refuses others when an input requires grad. D runs on the tiles
+# of the smallest width in TC_TILE_D at least D (bwd.h's kTcTileD), zero-filled from column D on.
+TC_SUPPORTED_D = tuple(range(8, 129, 8))
+TC_TILE_D = (32, 64, 96, 128)
 # Kernels (float32: 0 = bwd_fp32.cu on FFMA, 1 = bwd_tf32x3.cu in 3xTF32 on tensor cores, D in
 # TF32X3_SUPPORTED_D) and tile configurations (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
 # Bc = 128; bwd_tc_2d.cu: 2 = 8 warps, Bc = 128, FlashAttention-2's two-dimensional warp tiles) of
@@ -81,6 +83,11 @@ def is_aligned(x: torch.Tensor) -> bool:
 def _aligned(x: torch.Tensor) -> torch.Tensor:
     """The tensor-core kernel reads rows with 16-byte cp.async: copy a misaligned tensor."""
     return x if is_aligned(x) else x.clone()
+
+
+def tc_tile_d(D: int) -> int:
+    """The tile width the tensor-core kernel runs head dim D on (D in TC_SUPPORTED_D)."""
+    return min(width for width in TC_TILE_D if width >= D)
 
 
 def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:

@@ -68,9 +68,15 @@ void launch_preprocess(const void* out, RowStrides out_strides, const void* dout
                        const float* dlse, float* delta, int64_t B, int64_t H, int64_t Sq, int D, DType dtype,
                        cudaStream_t stream);
 
-// Head dims of bwd_tc.cu's instances: the FP16 / BF16 backward takes these only (the tensor-core
-// forward takes every multiple of 8 up to 256); bwd_fp32.cu takes the FP32 forward's own list.
-constexpr int kTcSupportedD[] = {32, 64, 96, 128};
+// Head dims of the FP16 / BF16 backward: every multiple of kTcHeadDimStep up to kTcMaxHeadDim (the
+// tensor-core forward takes up to 256). D runs on the tiles of the next width in kTcTileD, the tile
+// columns from D on zero-filled (bwd_tc.cu's kPadded instances); bwd_fp32.cu takes the FP32 forward's
+// own list.
+constexpr int kTcHeadDimStep = 8, kTcMaxHeadDim = 128;
+constexpr int kTcTileD[] = {32, 64, 96, 128};
+inline bool tc_supports_head_dim(int64_t D) { return D > 0 && D <= kTcMaxHeadDim && D % kTcHeadDimStep == 0; }
+// The tile width head dim D runs on: the next multiple of 32 (kTcTileD).
+inline int tc_tile_d(int D) { return (D + 31) / 32 * 32; }
 
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
@@ -82,7 +88,7 @@ void launch_tf32x3_backward(const BwdParams& p, int D, cudaStream_t stream);
 // launch_tc_backward calls for it).
 void launch_tc_backward(const BwdParams& p, int D, DType dtype, int variant, cudaStream_t stream);
 void launch_tc_backward_2d(const BwdParams& p, int D, DType dtype, cudaStream_t stream);
-// The dynamic shared memory a block of variant 2 needs at head dim D (one of kTcSupportedD).
+// The dynamic shared memory a block of variant 2 needs at head dim D (tc_supports_head_dim).
 int tc_backward_2d_smem_bytes(int D);
 
 }  // namespace phase5_bwd

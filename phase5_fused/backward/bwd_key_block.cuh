@@ -14,7 +14,7 @@
 
 namespace phase5_bwd {
 
-// T: the inputs' element type; D: the head dim (rows of D elements, contiguous).
+// T: the inputs' element type.
 template <typename T>
 struct KeyBlock {
   int64_t bh, b, h;   // (batch, head) pair and its parts
@@ -28,8 +28,9 @@ struct KeyBlock {
   float* dQ;                 // the head's FP32 dQ accumulator
 };
 
-template <typename T, int D, int kBc, int kBr>
-__device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
+// row_len: the elements of a row of q, k, v, dout and dQ (the head dim; rows are contiguous).
+template <typename T, int kBc, int kBr>
+__device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p, int row_len) {
   KeyBlock<T> w;
   const int64_t n_kblocks = course::ceil_div<int64_t>(p.Sk, kBc);
   w.bh = blockIdx.x / n_kblocks;
@@ -39,14 +40,14 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& p) {
   w.kv_len = p.key_lengths != nullptr ? p.key_lengths[w.b] : p.Sk;
   w.qb_first = p.masking.causal ? w.k0 / kBr : 0;
   w.n_steps = w.k0 < w.kv_len ? course::ceil_div<int64_t>(query_rows_end(p, w.k0, kBc), kBr) - w.qb_first : 0;
-  w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * D;
-  const int64_t kv_rows = kv_pair(w.bh, p) * p.Sk * D;
+  w.Q = static_cast<const T*>(p.q) + w.bh * p.Sq * row_len;
+  const int64_t kv_rows = kv_pair(w.bh, p) * p.Sk * row_len;
   w.K = static_cast<const T*>(p.k) + kv_rows;
   w.V = static_cast<const T*>(p.v) + kv_rows;
-  w.dO = static_cast<const T*>(p.dout) + w.bh * p.Sq * D;
+  w.dO = static_cast<const T*>(p.dout) + w.bh * p.Sq * row_len;
   w.lse = p.lse + w.bh * p.Sq;
   w.delta = p.delta + w.bh * p.Sq;
-  w.dQ = p.dq + w.bh * p.Sq * D;
+  w.dQ = p.dq + w.bh * p.Sq * row_len;
   return w;
 }
 

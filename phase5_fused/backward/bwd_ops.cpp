@@ -12,7 +12,7 @@
 // sums each group (bwd_prepare.h, sum_over_groups); dk, dv have k's shape.
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
-// tensor-core kernel's own (bwd.h), fewer than its forward takes.
+// tensor-core kernel's own (bwd.h: every multiple of 8 up to 128), fewer than its forward takes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -34,10 +34,14 @@ constexpr int64_t kDefaultVariant = -1;
 // The variant that variant -1 runs: at D = 64 and 128, where the variants tables measured a variant
 // faster than 0 (causal and not), the fastest of them that this GPU holds: FP32 1 (3xTF32); FP16 and
 // BF16 2 where a block may have its shared memory (sm_80, sm_90), else 1 (sm_86, sm_89: 99 KB).
-// Every other head dim: 0, until measured. q's D is checked later by prepare (0 if q is not 4-D).
+// Every other head dim: 0, until measured. A head dim below a tile width of the tensor-core kernel
+// runs on that width's tiles (bwd.h, tc_tile_d), and takes that width's variant. q's D is checked
+// later by prepare (0 if q is not 4-D).
 int64_t default_variant(const at::Tensor& q, bool tensor_cores) {
   const int64_t D = q.dim() == 4 ? q.size(3) : 0;
-  if (D != 64 && D != 128) return 0;
+  const bool on_tc_tiles = tensor_cores && phase5_bwd::tc_supports_head_dim(D);
+  const int64_t width = on_tc_tiles ? phase5_bwd::tc_tile_d(static_cast<int>(D)) : D;
+  if (width != 64 && width != 128) return 0;
   if (!tensor_cores) return 1;
   const int limit = course::shared_memory_per_block(c10::cuda::current_device());
   return phase5_bwd::tc_backward_2d_smem_bytes(static_cast<int>(D)) <= limit ? 2 : 1;

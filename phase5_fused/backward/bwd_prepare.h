@@ -15,7 +15,7 @@ namespace phase5_bwd {
 // The kernel the arguments are checked for: its dtypes, head dims and alignment.
 //   kFp32             float32; the FP32 forward's head dims; any stride
 //   kFp32TensorCores  float32; kTf32x3SupportedD; any stride; 16-byte aligned q, k, v, dout
-//   kTensorCores      float16 / bfloat16; kTcSupportedD; stride 1; 16-byte aligned q, k, v, dout
+//   kTensorCores      float16 / bfloat16; tc_supports_head_dim; stride 1; 16-byte aligned q, k, v, dout
 //   kHopper           float16 / bfloat16 (its op checks the head dim); stride 1; aligned as above;
 //                     q, k, v, out, dout may be views with contiguous rows (the others: contiguous)
 // Every kernel takes k, v with fewer heads than q (grouped-query attention, H a multiple of H_kv).

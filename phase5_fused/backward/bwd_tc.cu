@@ -20,6 +20,11 @@
 // ldmatrix operands: an A or B operand whose contraction index runs along a tile's rows in shared
 // memory (dO, Q, K for dV, dK, dQ) is read with ldmatrix .trans, as V in the forward kernel; K_w,
 // V_w as A and Q, dO as B^T for S^T and dP^T are read plainly, as Q and K in the forward kernel.
+//
+// Head dims: each tile width D of kTcTileD has an instance for rows of D elements and a padded one
+// (kPadded) for a head dim below it (rows of head_dim elements): the tiles' columns from head_dim on
+// are zero-filled, so they add nothing to S^T and dP^T and come out zero in dK, dV and dQ, whose
+// stores stop at head_dim. The forward kernel pads the same way.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
@@ -58,8 +63,9 @@ struct BwdTile {
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * 2 + 4 * kBr * 4;
 };
 
-template <typename T, typename Cfg, bool kMaskOrWindow>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_kernel(const BwdParams p) {
+template <typename T, typename Cfg, bool kMaskOrWindow, bool kPadded>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_kernel(const BwdParams p,
+                                                                                    const int head_dim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
 #else
@@ -88,7 +94,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (tc_mma.cuh)
   // The block's keys, its query blocks and its head's rows (bwd_key_block.cuh).
-  const KeyBlock<T> w = key_block<T, D, kBc, kBr>(p);
+  const int row_len = kPadded ? head_dim : D;  // the tensors' rows; tile columns from row_len on are zeros
+  const KeyBlock<T> w = key_block<T, kBc, kBr>(p, row_len);
   const int64_t bh = w.bh, b = w.b, h = w.h, k0 = w.k0, kv_len = w.kv_len, qb_first = w.qb_first;
   const int64_t n_steps = w.n_steps;
   const T *Q = w.Q, *K = w.K, *V = w.V, *dO = w.dO;
@@ -110,10 +117,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 
   // Prologue: K_j, V_j (padding keys zero-filled) and the first Q_i, dO_i in one group.
   if (n_steps > 0) {
-    load_tile<T, D, kBc, kThreads>(sK, K, k0, kv_len);
-    load_tile<T, D, kBc, kThreads>(sV, V, k0, kv_len);
-    load_tile<T, D, kBr, kThreads>(sQ, Q, qb_first * kBr, p.Sq);
-    load_tile<T, D, kBr, kThreads>(sdO, dO, qb_first * kBr, p.Sq);
+    load_tile<T, D, kBc, kThreads, kPadded>(sK, K, k0, kv_len, head_dim);
+    load_tile<T, D, kBc, kThreads, kPadded>(sV, V, k0, kv_len, head_dim);
+    load_tile<T, D, kBr, kThreads, kPadded>(sQ, Q, qb_first * kBr, p.Sq, head_dim);
+    load_tile<T, D, kBr, kThreads, kPadded>(sdO, dO, qb_first * kBr, p.Sq, head_dim);
     stage_stat(0, row_stat(qb_first));
   }
   course::cp_async_commit();
@@ -148,8 +155,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
     const bool prefetch = step + 1 < n_steps;
     float next_stat = 0.0f;
     if (prefetch) {
-      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, Q, q0 + kBr, p.Sq);
-      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, dO, q0 + kBr, p.Sq);
+      load_tile<T, D, kBr, kThreads, kPadded>(sQ + (stage ^ 1) * kBr * D, Q, q0 + kBr, p.Sq, head_dim);
+      load_tile<T, D, kBr, kThreads, kPadded>(sdO + (stage ^ 1) * kBr * D, dO, q0 + kBr, p.Sq, head_dim);
       next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
     }
     course::cp_async_commit();
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) tc::ldmatrix_x4_trans(a[kk], tc::ldsm_addr<kBr>(ds_lane, 16 * kk, 2 * rg));
       const int64_t row0 = q0 + 16 * rg + g;  // rows row0 and row0 + 8
-      float* dq_row0 = dQ + row0 * D + 2 * t;  // the thread's first element of row0 (column 2t)
+      float* dq_row0 = dQ + row0 * row_len + 2 * t;  // the thread's first element of row0 (column 2t)
 #pragma unroll
       for (int dn2 = 0; dn2 < kDc / 16; ++dn2) {
         const int chunk = cg * (kDc / 8) + 2 * dn2;
@@ -279,13 +286,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
           tc::mma_16816<T>(acc[0], a[kk], bk[0], bk[1]);
           tc::mma_16816<T>(acc[1], a[kk], bk[2], bk[3]);
         }
-        // The FP32 accumulator of dQ, shared with every other key block: atomicAdd.
+        // The FP32 accumulator of dQ, shared with every other key block: atomicAdd (not into the
+        // columns of the padding).
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           if (row0 + 8 * r < p.Sq) {
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
-              float* dst = dq_row0 + 8 * r * D + (chunk + x) * 8;
+              if (kPadded && (chunk + x) * 8 >= head_dim) continue;
+              float* dst = dq_row0 + 8 * r * row_len + (chunk + x) * 8;
               atomicAdd(dst, p.scale * acc[x][2 * r]);
               atomicAdd(dst + 1, p.scale * acc[x][2 * r + 1]);
             }
@@ -300,47 +309,57 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
   // Epilogue: dK_w = scale * dK_w and dV_w, rounded to T, for the warp's keys that exist (padding
-  // keys and keys no query sees get zeros).
-  T* dK = static_cast<T*>(p.dk) + bh * p.Sk * D;
-  T* dV = static_cast<T*>(p.dv) + bh * p.Sk * D;
+  // keys and keys no query sees get zeros) and the columns of the head dim.
+  T* dK = static_cast<T*>(p.dk) + bh * p.Sk * row_len;
+  T* dV = static_cast<T*>(p.dv) + bh * p.Sk * row_len;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t key = warp_k0 + g + 8 * r;
     if (key >= p.Sk) continue;
 #pragma unroll
     for (int dn = 0; dn < kDn; ++dn) {
+      if (kPadded && dn * 8 >= head_dim) continue;
       const int col = dn * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dK + key * D + col) =
+      *reinterpret_cast<uint32_t*>(dK + key * row_len + col) =
           tc::pack2<T>(p.scale * dk[dn][2 * r], p.scale * dk[dn][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dV + key * D + col) = tc::pack2<T>(dv[dn][2 * r], dv[dn][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dV + key * row_len + col) = tc::pack2<T>(dv[dn][2 * r], dv[dn][2 * r + 1]);
     }
   }
 #endif
 }
 
-template <typename T, typename Cfg, bool kMaskOrWindow>
-void launch(const BwdParams& p, cudaStream_t stream) {
-  launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, kMaskOrWindow>>(p, stream);
+template <typename T, typename Cfg, bool kPadded>
+void launch_for_mask(const BwdParams& p, int head_dim, cudaStream_t stream) {
+  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
+    launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, true, kPadded>>(p, head_dim, stream);
+  } else {
+    launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, false, kPadded>>(p, head_dim, stream);
+  }
 }
 
-template <typename T, int D>
-void launch_for_variant(const BwdParams& p, int variant, cudaStream_t stream) {
-  const bool masked = p.masking.mask.kind != course::MaskKind::kNone || p.window > 0;
-  if (variant == 0) {
-    masked ? launch<T, BwdTile<D, 4>, true>(p, stream) : launch<T, BwdTile<D, 4>, false>(p, stream);
+// Head dim D on the tiles of width Dp (tc_tile_d): the padded instance only when D < Dp.
+template <typename T, int Dp, int kWarps>
+void launch_for_padding(const BwdParams& p, int D, cudaStream_t stream) {
+  if (D == Dp) {
+    launch_for_mask<T, BwdTile<Dp, kWarps>, false>(p, D, stream);
   } else {
-    masked ? launch<T, BwdTile<D, 8>, true>(p, stream) : launch<T, BwdTile<D, 8>, false>(p, stream);
+    launch_for_mask<T, BwdTile<Dp, kWarps>, true>(p, D, stream);
   }
+}
+
+template <typename T, int Dp>
+void launch_for_variant(const BwdParams& p, int D, int variant, cudaStream_t stream) {
+  variant == 0 ? launch_for_padding<T, Dp, 4>(p, D, stream) : launch_for_padding<T, Dp, 8>(p, D, stream);
 }
 
 template <typename T>
 void launch_for_d(const BwdParams& p, int D, int variant, cudaStream_t stream) {
-  switch (D) {
-    case 32: return launch_for_variant<T, 32>(p, variant, stream);
-    case 64: return launch_for_variant<T, 64>(p, variant, stream);
-    case 96: return launch_for_variant<T, 96>(p, variant, stream);
-    case 128: return launch_for_variant<T, 128>(p, variant, stream);
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
+  TORCH_CHECK(tc_supports_head_dim(D), "q: head dim D=", D, " is not supported by the tensor-core backward");
+  switch (tc_tile_d(D)) {
+    case 32: return launch_for_variant<T, 32>(p, D, variant, stream);
+    case 64: return launch_for_variant<T, 64>(p, D, variant, stream);
+    case 96: return launch_for_variant<T, 96>(p, D, variant, stream);
+    default: return launch_for_variant<T, 128>(p, D, variant, stream);
   }
 }
 

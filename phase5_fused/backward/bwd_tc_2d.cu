@@ -16,6 +16,7 @@
 //   dQ_i += dS K_j                      Br x D     kQRowGroups x kQColGroups warps; the tile goes
 //                                                  through shared memory to row-wise atomicAdd
 // P^T and dS^T are read from shared memory by ldmatrix .trans: no transposed copy is stored.
+// A head dim below the tile width D runs on the padded instance (kPadded), as in bwd_tc.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -51,8 +52,8 @@ struct Tile2d {
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + 2 * kBr * kBc) * 2 + 4 * kBr * 4;
 };
 
-template <typename T, typename Cfg, bool kMaskOrWindow>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const BwdParams p) {
+template <typename T, typename Cfg, bool kMaskOrWindow, bool kPadded>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const BwdParams p, const int head_dim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; the host refuses older GPUs first
 #else
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
   const int warp = tid / course::kWarpSize;
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (tc_mma.cuh)
-  const KeyBlock<T> w = key_block<T, D, kBc, kBr>(p);
+  const int row_len = kPadded ? head_dim : D;  // the tensors' rows; tile columns from row_len on are zeros
+  const KeyBlock<T> w = key_block<T, kBc, kBr>(p, row_len);
   // Positions inside one head fit 32 bits (bwd_prepare.cpp refuses longer sequences), and so
   // do the steps. 64-bit copies of them would cost registers the accumulators need.
   const int k0 = static_cast<int>(w.k0), kv_len = static_cast<int>(w.kv_len), Sq = static_cast<int>(p.Sq);
@@ -100,10 +102,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 
   // Prologue: K_j, V_j (padding keys zero-filled) and the first Q_i, dO_i in one group.
   if (n_steps > 0) {
-    load_tile<T, D, kBc, kThreads>(sK, w.K, k0, kv_len);
-    load_tile<T, D, kBc, kThreads>(sV, w.V, k0, kv_len);
-    load_tile<T, D, kBr, kThreads>(sQ, w.Q, qb_first * kBr, Sq);
-    load_tile<T, D, kBr, kThreads>(sdO, w.dO, qb_first * kBr, Sq);
+    load_tile<T, D, kBc, kThreads, kPadded>(sK, w.K, k0, kv_len, head_dim);
+    load_tile<T, D, kBc, kThreads, kPadded>(sV, w.V, k0, kv_len, head_dim);
+    load_tile<T, D, kBr, kThreads, kPadded>(sQ, w.Q, qb_first * kBr, Sq, head_dim);
+    load_tile<T, D, kBr, kThreads, kPadded>(sdO, w.dO, qb_first * kBr, Sq, head_dim);
     stage_stat(0, row_stat(qb_first));
   }
   course::cp_async_commit();
@@ -146,8 +148,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
     const bool prefetch = step + 1 < n_steps;
     float next_stat = 0.0f;
     if (prefetch) {
-      load_tile<T, D, kBr, kThreads>(sQ + (stage ^ 1) * kBr * D, w.Q, q0 + kBr, Sq);
-      load_tile<T, D, kBr, kThreads>(sdO + (stage ^ 1) * kBr * D, w.dO, q0 + kBr, Sq);
+      load_tile<T, D, kBr, kThreads, kPadded>(sQ + (stage ^ 1) * kBr * D, w.Q, q0 + kBr, Sq, head_dim);
+      load_tile<T, D, kBr, kThreads, kPadded>(sdO + (stage ^ 1) * kBr * D, w.dO, q0 + kBr, Sq, head_dim);
       next_stat = row_stat(qb_first + step + 1);  // staged at the end of the step: its latency hides
     }
     course::cp_async_commit();
@@ -324,9 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 #pragma unroll
       for (int row = warp; row < kBr; row += Cfg::kWarps) {
         if (q0 + row < Sq) {
-          float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * D;
+          float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * row_len;
 #pragma unroll
-          for (int col = lane; col < D; col += course::kWarpSize) atomicAdd(dq_row + col, sdQ[dq_at(row, col)]);
+          for (int col = lane; col < D; col += course::kWarpSize) {
+            if (!kPadded || col < head_dim) atomicAdd(dq_row + col, sdQ[dq_at(row, col)]);
+          }
         }
       }
     }
@@ -337,9 +341,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
   course::cp_async_wait<0>();  // nothing may be left in flight when the block exits
 
   // Epilogue: dK_j = scale * dK_j and dV_j, rounded to T, for the warp's keys that exist (padding
-  // keys and keys no query sees get zeros).
-  T* dK = static_cast<T*>(p.dk) + w.bh * p.Sk * D;
-  T* dV = static_cast<T*>(p.dv) + w.bh * p.Sk * D;
+  // keys and keys no query sees get zeros) and the columns of the head dim.
+  T* dK = static_cast<T*>(p.dk) + w.bh * p.Sk * row_len;
+  T* dV = static_cast<T*>(p.dv) + w.bh * p.Sk * row_len;
 #pragma unroll
   for (int mt = 0; mt < kKvM; ++mt) {
 #pragma unroll
@@ -349,44 +353,55 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 #pragma unroll
       for (int nt = 0; nt < kKvN; ++nt) {
         const int col = kv_col0 + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t*>(dK + key * D + col) =
+        if (kPadded && col >= head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dK + key * row_len + col) =
             tc::pack2<T>(p.scale * dk[mt][nt][2 * r], p.scale * dk[mt][nt][2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dV + key * D + col) = tc::pack2<T>(dv[mt][nt][2 * r], dv[mt][nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dV + key * row_len + col) = tc::pack2<T>(dv[mt][nt][2 * r], dv[mt][nt][2 * r + 1]);
       }
     }
   }
 #endif
 }
 
-template <typename T, int D>
-void launch_for_mask(const BwdParams& p, cudaStream_t stream) {
+template <typename T, int D, bool kPadded>
+void launch_for_mask(const BwdParams& p, int head_dim, cudaStream_t stream) {
   if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
-    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, true>>(p, stream);
+    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, true, kPadded>>(p, head_dim, stream);
   } else {
-    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, false>>(p, stream);
+    launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, false, kPadded>>(p, head_dim, stream);
+  }
+}
+
+// Head dim D on the tiles of width Dp (tc_tile_d): the padded instance only when D < Dp.
+template <typename T, int Dp>
+void launch_for_padding(const BwdParams& p, int D, cudaStream_t stream) {
+  if (D == Dp) {
+    launch_for_mask<T, Dp, false>(p, D, stream);
+  } else {
+    launch_for_mask<T, Dp, true>(p, D, stream);
   }
 }
 
 template <typename T>
 void launch_for_d(const BwdParams& p, int D, cudaStream_t stream) {
-  switch (D) {
-    case 32: return launch_for_mask<T, 32>(p, stream);
-    case 64: return launch_for_mask<T, 64>(p, stream);
-    case 96: return launch_for_mask<T, 96>(p, stream);
-    case 128: return launch_for_mask<T, 128>(p, stream);
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
+  TORCH_CHECK(tc_supports_head_dim(D), "q: head dim D=", D, " is not supported by the tensor-core backward");
+  switch (tc_tile_d(D)) {
+    case 32: return launch_for_padding<T, 32>(p, D, stream);
+    case 64: return launch_for_padding<T, 64>(p, D, stream);
+    case 96: return launch_for_padding<T, 96>(p, D, stream);
+    default: return launch_for_padding<T, 128>(p, D, stream);
   }
 }
 
 }  // namespace
 
 int tc_backward_2d_smem_bytes(int D) {
-  switch (D) {
+  TORCH_CHECK(tc_supports_head_dim(D), "q: head dim D=", D, " is not supported by the tensor-core backward");
+  switch (tc_tile_d(D)) {
     case 32: return Tile2d<32>::kSmemBytes;
     case 64: return Tile2d<64>::kSmemBytes;
     case 96: return Tile2d<96>::kSmemBytes;
-    case 128: return Tile2d<128>::kSmemBytes;
-    default: TORCH_CHECK(false, "q: head dim D=", D, " is not supported by the tensor-core backward");
+    default: return Tile2d<128>::kSmemBytes;
   }
 }
 

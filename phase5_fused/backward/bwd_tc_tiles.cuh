@@ -16,22 +16,25 @@
 
 namespace phase5_bwd {
 
-// Rows [row0, row0 + kRows) of a row-major [rows, D] matrix into a swizzled shared tile with cp.async;
-// rows at or beyond row_limit are zero-filled, never read.
-// The chunk loop has a compile-time trip count, so it unrolls into straight-line copies.
-template <typename T, int D, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit) {
+// Rows [row0, row0 + kRows) of a row-major [rows, head_dim] matrix into a swizzled shared tile of
+// D columns with cp.async; rows at or beyond row_limit, and with kPadded the columns from head_dim
+// on, are zero-filled, never read (head_dim % 8 == 0: a 16-byte chunk is wholly in or out). Without
+// kPadded head_dim is D. The chunk loop has a compile-time trip count, so it unrolls into
+// straight-line copies.
+template <typename T, int D, int kRows, int kThreads, bool kPadded>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t row_limit, int head_dim) {
   constexpr int kChunks = D / 8, kTotal = kRows * kChunks;
-  const T* rows = src + row0 * D;
+  const int row_len = kPadded ? head_dim : D;
+  const T* rows = src + row0 * row_len;
   const int64_t rows_left = row_limit - row0;
 #pragma unroll
   for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
     const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
     if (kTotal % kThreads == 0 || idx < kTotal) {
       const int r = idx / kChunks, c = idx % kChunks;
-      const bool valid = r < rows_left;
+      const bool valid = r < rows_left && (!kPadded || c * 8 < head_dim);
       course::cp_async_16(course::smem_u32(tile + r * D + tc::swizzle<kChunks>(r, c) * 8),
-                          valid ? rows + r * D + c * 8 : src, valid);
+                          valid ? rows + r * row_len + c * 8 : src, valid);
     }
   }
 }
@@ -51,9 +54,10 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
 
 // One thread block of Cfg::kThreads threads per key block of Cfg::kBc keys of every (batch, head),
 // with Cfg::kSmemBytes of dynamic shared memory (opted in once per device; a GPU that cannot give a
-// block that much is refused with the numbers: shared_memory_opt_in.h).
+// block that much is refused with the numbers: shared_memory_opt_in.h). The kernel takes the head
+// dim beside the parameters (its padded instances need it).
 template <typename Cfg, auto kKernel>
-void launch_key_blocks(const BwdParams& p, cudaStream_t stream) {
+void launch_key_blocks(const BwdParams& p, int head_dim, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
@@ -63,7 +67,7 @@ void launch_key_blocks(const BwdParams& p, cudaStream_t stream) {
   course::opt_in_shared_memory<kKernel>(device, Cfg::kSmemBytes);
   const int64_t blocks = course::ceil_div<int64_t>(p.Sk, Cfg::kBc) * p.B * p.H;
   TORCH_CHECK(blocks <= 0x7fffffff, "k: too many key blocks (B*H*ceil(Sk/", Cfg::kBc, ")) for one grid");
-  kKernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, head_dim);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks) tf32x3_backward_ker
   const int lane = tid % course::kWarpSize;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and k slot (tf32x3.cuh)
   // The block's keys, its query blocks and its head's rows (bwd_key_block.cuh).
-  const KeyBlock<float> w = key_block<float, D, kBc, kBr>(p);
+  const KeyBlock<float> w = key_block<float, kBc, kBr>(p, D);
   const int64_t bh = w.bh, b = w.b, h = w.h, k0 = w.k0, kv_len = w.kv_len, qb_first = w.qb_first;
   const int64_t n_steps = w.n_steps;
   const float *Q = w.Q, *K = w.K, *V = w.V, *dO = w.dO;

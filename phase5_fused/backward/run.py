@@ -31,6 +31,10 @@
    B=4, H=8, S=8192, D=128, causal, window in {256, 1024, 4096, none}, each row with its speed-up
    over no window, beside sdpa_efficient given the same window as a boolean mask (a mask hides
    scores but skips no work) and, without a window, sdpa_flash; TFLOP/s count the visible pairs.
+   Head dims (op attention_backward_head_dims): autograd's backward of phase5_fused_bwd_tc beside
+   sdpa_flash and sdpa_cudnn at B=4, H=8, S=4096, FP16, causal and not, D in HEAD_DIMS_SWEEP: the
+   tile widths and the head dims between them that run padded (80 on the tiles of 96, 112 on
+   those of 128); TFLOP/s count the head dim's own FLOPs, not the tile's.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
    PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variants 1 and 2 called
    directly, and the peer of each dtype): instruction counts, memory
@@ -54,6 +58,9 @@ from utils.kernel_bench import lesson_main, results_dir
 HERE = Path(__file__).resolve().parent
 B, H = 4, 8
 HEAD_DIMS = (64, 128)
+# The head-dims rows: tile widths of the tensor-core backward and padded head dims between them.
+HEAD_DIMS_SWEEP = (32, 64, 80, 96, 112, 128)
+HEAD_DIMS_IMPLS = [("phase5_fused_bwd_tc", "tc"), ("sdpa_flash", "sdpa_flash"), ("sdpa_cudnn", "sdpa_cudnn")]
 SEQ_LENS = (1024, 4096)
 QUICK_SEQ_LENS = (1024,)
 REFERENCE_S = 1024  # rel_err only here
@@ -142,8 +149,8 @@ def first_call(label, forward, leaves, dout, causal, variant=None):
         return None, None
 
 
-def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
-    """Time the backward of one saved forward, as a results row (None when the impl refuses)."""
+def backward_row(impl, forward, leaves, dout, causal, refs, variant=None, op="attention_backward"):
+    """Time the backward of one saved forward, as a results row of `op` (None when the impl refuses)."""
     from utils import roofline
     from utils.bench import peak_extra_mb, time_cuda
     from utils.testing import rel_error
@@ -156,7 +163,7 @@ def backward_row(impl, forward, leaves, dout, causal, refs, variant=None):
     ms = time_cuda(grad, warmup=3, reps=20, max_seconds=2.0)
     flops = BACKWARD_FLOP_FACTOR * roofline.attention_flops(B, H, S, S, D, causal)
     nbytes = 8 * B * H * S * D * q.element_size()
-    row = {"impl": impl, "op": "attention_backward", "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
+    row = {"impl": impl, "op": op, "B": B, "H": H, "Sq": S, "Sk": S, "D": D,
            "dtype": str(q.dtype).replace("torch.", ""), "causal": causal, "ms": ms,
            "tflops": roofline.tflops(flops, ms), "gbps": roofline.gbps(nbytes, ms), "extra_mb": peak_extra_mb(grad)}
     if variant is not None:
@@ -198,6 +205,22 @@ def benchmark(seq_lens) -> list[dict]:
         return [r for r in rows if r is not None]
 
     return sweep(configs, run_config, "attention backward")
+
+
+def head_dim_backward_rows(quick: bool) -> list[dict]:
+    """Autograd's backward of each impl of HEAD_DIMS_IMPLS at each D of HEAD_DIMS_SWEEP, causal and not
+    (S = 1024 when quick), as op attention_backward_head_dims rows."""
+    S = QUICK_SEQ_LENS[0] if quick else VARIANT_S
+    rows = []
+    for D in HEAD_DIMS_SWEEP:
+        for causal in (False, True):
+            leaves, dout = make_inputs(S, D, torch.float16, seed=D * 10 + causal)
+            for impl, fwd in HEAD_DIMS_IMPLS:
+                rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, None,
+                                         op="attention_backward_head_dims"))
+            del leaves, dout
+            torch.cuda.empty_cache()
+    return [r for r in rows if r is not None]
 
 
 def gqa_backward_rows(quick: bool) -> list[dict]:
@@ -334,8 +357,8 @@ def measure(args) -> Path:
     from utils.roofline import get_ceilings
 
     ceilings = {k: v for k, v in get_ceilings().items() if k != "env"}
-    rows = (benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS) + gqa_backward_rows(args.quick)
-            + window_backward_rows(args.quick))
+    rows = (benchmark(QUICK_SEQ_LENS if args.quick else SEQ_LENS) + head_dim_backward_rows(args.quick)
+            + gqa_backward_rows(args.quick) + window_backward_rows(args.quick))
     ncu = {"skipped": "--no-ncu"} if args.no_ncu else run_ncu()
     return write_results(results_dir(HERE, args.quick) / "metrics.json", rows, ceilings, ncu=ncu)
 

@@ -7,7 +7,8 @@ batch with a key length inside a block and one with none; causal with a sliding 
 and the mask path with a fully masked row and the two query heads on one K/V head (grouped-query
 attention); every variant of each dtype's kernel that takes the head dim (FP32: the FFMA kernel and,
 at its head dims, the 3xTF32 one; FP16 / BF16: each tile configuration). FP32 head dims: the
-versions' (each its own instance), then each padded tile width at a D 8 below it.
+versions' (each its own instance), then each padded tile width at a D 8 below it; FP16 / BF16: each
+tile width, and 8 below it (its padded instance).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from utils.testing import assert_close, random_bool_mask, random_qkv, randn
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 # One D per FP32 instance: its own head dims, and one on each padded tile width (zero-filled columns).
 FP32_HEAD_DIMS = fp32.VERSION_D + tuple(width - 8 for width in fp32.PADDED_TILE_D)
+TC_HEAD_DIMS = backward.TC_TILE_D + tuple(width - 8 for width in backward.TC_TILE_D)
 
 
 def main() -> int:
@@ -34,8 +36,8 @@ def main() -> int:
     lengths = torch.tensor([Sk, 33, 0], device="cuda", dtype=torch.int32)
     cases = 0
     for dtype, module, head_dims in ((torch.float32, fp32, FP32_HEAD_DIMS),
-                                     (torch.float16, tc, backward.TC_SUPPORTED_D),
-                                     (torch.bfloat16, tc, backward.TC_SUPPORTED_D)):
+                                     (torch.float16, tc, TC_HEAD_DIMS),
+                                     (torch.bfloat16, tc, TC_HEAD_DIMS)):
         for D in head_dims:
             q, k, v = random_qkv(B, H, Sq, Sk, D, dtype=dtype)
             dout = randn(B, H, Sq, D, dtype=dtype)

@@ -32,6 +32,10 @@ FP32_PADDED_D = (8, 40, 136, 200, 256)
 # Test ids of the FP32 kernels: 0, bwd_fp32.cu (the teaching kernel, whose steps the starter kit
 # leaves to the student), 1, bwd_tf32x3.cu.
 FP32_VARIANT_IDS = ["teaching", "tf32x3"]
+# FP16 / BF16 head dims on the tensor-core kernels' padded tiles, one on each tile width, and the
+# widths themselves.
+TC_PADDED_D = (8, 56, 80, 120)
+TC_GRID_D = tuple(sorted(backward.TC_TILE_D + TC_PADDED_D))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,7 +329,7 @@ def test_fp32_tf32x3_head_dims_are_named():
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("D", backward.TC_SUPPORTED_D)
+@pytest.mark.parametrize("D", TC_GRID_D)
 @pytest.mark.parametrize("S", [1, 17, 127, 1000])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tc_grid(S, D, dtype, causal):
@@ -570,6 +574,43 @@ def test_direct_call_matches_autograd(dtype):
 @requires_gpu
 @pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("D", backward.TC_SUPPORTED_D)
+def test_tc_every_head_dim(D, dtype):
+    """Every head dim the tensor-core backward takes, each variant, two query heads on one K/V head
+    and causal with a window: the instances of the tile width D runs on, padded where D is below it."""
+    q, k, v, dout, info = grouped_inputs(2, 2, 1, 70, 90, D, dtype)
+    kw = {"is_causal": True, "window": 40}
+    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
+    _, *refs = reference_grads(q, k, v, dout, **kw)
+    peers = expanded_sdpa_grads(q, k, v, dout, **kw)
+    for variant in range(backward.VARIANTS[dtype]):
+        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+        check_tc(grads, refs, peers, f"{info} variant {variant}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", TC_PADDED_D)
+def test_tc_padded_head_dim_is_the_zero_padded_tile(D, dtype):
+    """A head dim below its tile width computes what the tile's own instance computes on the inputs
+    zero-padded to that width: dk and dv the same bits (each written once, in the same order of
+    products), dq (atomics in any order) equal up to rounding. So the padding columns add exactly
+    nothing, and the padded instance writes nothing past D (its outputs have D columns)."""
+    width = backward.tc_tile_d(D)
+    q, k, v, dout, info = make_inputs(2, 2, 150, 300, D, dtype)
+    pad = lambda x: F.pad(x, (0, width - D))  # noqa: E731
+    kw = {"is_causal": True, "scale": 1.0 / math.sqrt(D)}
+    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
+    for variant in range(backward.VARIANTS[dtype]):
+        dq, dk, dv = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
+        wide = backward.attention_backward(pad(q), pad(k), pad(v), pad(out), lse, pad(dout), variant=variant, **kw)
+        assert torch.equal(dk, wide[1][..., :D]) and torch.equal(dv, wide[2][..., :D]), f"dk, dv {info} v{variant}"
+        assert not wide[0][..., D:].any(), f"dq of the padding columns {info} v{variant}"
+        assert_close(dq, wide[0][..., :D].double(), dtype=dtype, rel_tol=1e-3, what="dq", seed_info=info)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TC_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", TC_GRID_D)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_tc_variants(D, dtype, causal):
     """Every tile configuration of the tensor-core kernel (8 warps, Bc = 128 too): two key blocks,
@@ -591,14 +632,16 @@ def test_tc_variants(D, dtype, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("D", (32, 64, 128))
+@pytest.mark.parametrize("D", (32, 64, 80, 120, 128))
 def test_default_variant_per_head_dim_and_gpu(dtype, D):
     """variant=None, autograd's, runs the variant the op's default names for D and this GPU: at D = 64
     and 128 FP32's 3xTF32 kernel and FP16/BF16's variant 2 where a block may have its shared memory
-    (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1; variant 0 at other D. Told apart by
-    the kernels each call launches (torch.profiler), every variant's set its own."""
+    (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1; variant 0 at other D. FP16/BF16 take
+    the variant of the tile width D runs on (D = 120: 128's; 80: 96's). Told apart by the kernels each
+    call launches (torch.profiler), every variant's set its own."""
     optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
-    if D not in (64, 128):
+    width = D if dtype == torch.float32 else backward.tc_tile_d(D)
+    if width not in (64, 128):
         expected = 0
     elif dtype == torch.float32 or optin <= 99 * 1024:
         expected = 1
@@ -733,11 +776,17 @@ def test_fp32_unsupported_head_dim_rejected_without_gpu(D):
 
 
 def test_tc_head_dims_are_the_kernels():
-    """TC_SUPPORTED_D is the list the op checks (bwd.h), and within the tensor-core forward's."""
+    """TC_SUPPORTED_D is the rule the op checks (bwd.h: every multiple of kTcHeadDimStep up to
+    kTcMaxHeadDim), within the tensor-core forward's; TC_TILE_D is bwd.h's kTcTileD, and every
+    supported D has a tile at least as wide."""
     header = (Path(backward.__file__).parent / "bwd.h").read_text()
-    listed = re.search(r"kTcSupportedD\[\] = \{([^}]*)\}", header).group(1)
-    assert tuple(int(d) for d in listed.split(",")) == backward.TC_SUPPORTED_D
+    step, largest = (int(re.search(rf"{name} = (\d+)", header).group(1)) for name in ("kTcHeadDimStep", "kTcMaxHeadDim"))
+    assert backward.TC_SUPPORTED_D == tuple(range(step, largest + 1, step))
     assert set(backward.TC_SUPPORTED_D) <= set(tc.SUPPORTED_D)
+    tiles = re.search(r"kTcTileD\[\] = \{([^}]*)\}", header).group(1)
+    assert tuple(int(d) for d in tiles.split(",")) == backward.TC_TILE_D
+    assert max(backward.TC_TILE_D) == largest
+    assert [backward.tc_tile_d(D) for D in (8, 32, 40, 120, 128)] == [32, 32, 64, 128, 128]
 
 
 def test_import_builds_nothing():
@@ -794,9 +843,10 @@ def test_op_checks_name_the_argument():
         x = torch.randn(1, 2, 16, D, device="cuda")
         with pytest.raises(RuntimeError, match=f"D={D} is not supported by the FP32 backward"):
             ops.attention_backward_fp32(x, x, x, x, lse48, x, *args)
-    h = torch.randn(1, 2, 16, 80, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="D=80"):
-        ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
+    for D in (12, 136):
+        h = torch.randn(1, 2, 16, D, device="cuda", dtype=torch.float16)
+        with pytest.raises(RuntimeError, match=f"D={D} is not supported by the tensor-core backward"):
+            ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
     with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
         ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
     with pytest.raises(RuntimeError, match=r"variant must be 0 \(FFMA\) or 1"):
