@@ -19,14 +19,12 @@ Modes and what each takes (MODE_INFO holds it as data, read from the packages th
     tiled         phase 3, three tiled kernels     CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     coalesced     phase 4, three coalesced kernels CUDA    float32              1..unfused_api.MAX_HEAD_DIM  no      yes   no   no      no
     fused         phase 5, FlashAttention FP32     CUDA    fp32.DTYPES          fp32.SUPPORTED_D             yes     yes   yes  yes     yes
-    fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes  yes     yes*
+    fused_tc      phase 5, tensor cores FP16/BF16  CUDA    tensor_cores.DTYPES  tensor_cores.SUPPORTED_D     no      yes   yes  yes     yes
     fused_hopper  phase 5, Hopper TMA + wgmma      sm_90   hopper.DTYPES        hopper.SUPPORTED_D           no      no    yes  no      yes
 
 "backward: no" means the mode refuses inputs that require grad while grad is enabled (it has no
 backward pass; under torch.no_grad() it runs). A backward pass takes what its forward takes
-(grouped heads, windows), except "yes*": fused_tc's only at D in backward.TC_SUPPORTED_D (every
-multiple of 8 up to 128; its forward takes them up to 256): such inputs that require grad are
-refused.
+(grouped heads, windows, every head dim).
 fused_hopper runs on a Hopper GPU (compute capability 9.0) only. fused runs version 6 of phase 5's FP32
 lesson (FP32 products on tensor cores in 3xTF32, as accurate as FFMA; sdpa_efficient does the same
 for float32) wherever it takes the inputs (D in fp32.VERSION_D, one K/V head per query head, no
@@ -61,7 +59,7 @@ import torch.nn as nn
 import phase2_naive
 import phase3_tiled
 import phase4_coalesced
-from phase5_fused import backward, fp32, hopper, tensor_cores
+from phase5_fused import fp32, hopper, tensor_cores
 from utils import reference
 from utils.checks import check_attention_shapes, check_tensor, check_window, dim_in
 from utils.unfused_api import MAX_HEAD_DIM
@@ -74,8 +72,7 @@ AUTO_ORDER = ("fused_hopper", "fused_tc", "fused", "coalesced", "tiled", "naive"
 class ModeInfo:
     """What one mode takes. dtypes None: any floating dtype; head_dims None: any D >= 1; capability
     None: any CUDA GPU. gqa: k, v with fewer heads than q (grouped-query attention); window: a
-    sliding window (a mode's backward pass takes both wherever its forward does); backward_head_dims:
-    the head dims of the backward pass where fewer than head_dims (None: all of them)."""
+    sliding window (a mode's backward pass takes both, and every head dim, wherever its forward does)."""
     kernel: str
     cuda: bool
     dtypes: tuple | None
@@ -86,7 +83,6 @@ class ModeInfo:
     capability: tuple | None = None
     gqa: bool = False
     window: bool = False
-    backward_head_dims: tuple | None = None
 
     def rejects(self, device_type: str, dtype: torch.dtype, D: int, stride, mask: bool = False,
                 grad: bool = False, capability: tuple | None = None, gqa: bool = False,
@@ -113,9 +109,6 @@ class ModeInfo:
             return "takes no window"
         if grad and not self.backward:
             return "has no backward pass (the inputs require grad)"
-        if grad and self.backward_head_dims is not None and not dim_in(D, self.backward_head_dims):
-            return (f"has no backward pass at D={D}: it needs D in {_dims(self.backward_head_dims)} "
-                    "(the inputs require grad)")
         return None
 
 
@@ -129,7 +122,7 @@ MODE_INFO = {
     "fused": ModeInfo("phase5_fused.fp32 (fastest: tf32x3 or fast)", True, fp32.DTYPES, fp32.SUPPORTED_D, True,
                       gqa=True, window=True),
     "fused_tc": ModeInfo("phase5_fused.tensor_cores", True, tensor_cores.DTYPES, tensor_cores.SUPPORTED_D, False,
-                         gqa=True, window=True, backward_head_dims=backward.TC_SUPPORTED_D),
+                         gqa=True, window=True),
     "fused_hopper": ModeInfo("phase5_fused.hopper", True, hopper.DTYPES, hopper.SUPPORTED_D, False, mask=False,
                              capability=hopper.HOPPER, gqa=True),
 }
@@ -140,13 +133,7 @@ def _dt(dtype: torch.dtype) -> str:
 
 
 def _dims(dims) -> str:
-    """A range as first..last; a tuple as a set, an evenly spaced one of more than four as {a, b, ..., z}."""
-    if isinstance(dims, range):
-        return f"{dims.start}..{dims.stop - 1}"
-    steps = {b - a for a, b in zip(dims, dims[1:])}
-    if len(dims) > 4 and len(steps) == 1:
-        return f"{{{dims[0]}, {dims[1]}, ..., {dims[-1]}}}"
-    return "{" + ", ".join(map(str, dims)) + "}"
+    return f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else "{" + ", ".join(map(str, dims)) + "}"
 
 
 class UnsupportedModeError(ValueError):

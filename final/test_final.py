@@ -697,18 +697,14 @@ def test_grouped_heads_and_windows_with_grad_keep_the_fused_modes(monkeypatch):
 
 
 @pytest.mark.usefixtures("sm80")
-def test_tensor_core_head_dims_without_a_backward_leave_the_reference_only():
-    """fused_tc runs every multiple of 8 up to 256 forward, its backward only backward.TC_SUPPORTED_D
-    (up to 128): with grad, D = 136 has only "reference"; under no_grad, fused_tc."""
+def test_tensor_core_backward_takes_every_forward_head_dim():
+    """fused_tc's backward takes every head dim its forward does (multiples of 8 up to 256): with grad,
+    auto picks it at D = 80 and 256 as under no_grad."""
     with FakeTensorMode():
-        q = torch.empty(1, 2, 16, 136, dtype=torch.float16, device="cuda", requires_grad=True)
-        assert supported_modes(q, q, q) == ["reference"]
-        with pytest.raises(UnsupportedModeError, match=r"no backward pass at D=136: it needs D in \{8, 16, \.\.\., 128\}"):
-            resolve_mode("fused_tc", q, q, q)
-        with torch.no_grad():
+        for D in (80, 256):
+            q = torch.empty(1, 2, 16, D, dtype=torch.float16, device="cuda", requires_grad=True)
+            assert "fused_tc" in supported_modes(q, q, q)
             assert resolve_mode("auto", q, q, q) == "fused_tc"
-        q80 = torch.empty(1, 2, 16, 80, dtype=torch.float16, device="cuda", requires_grad=True)
-        assert resolve_mode("auto", q80, q80, q80) == "fused_tc"
 
 
 def test_signature_cache_keys_on_grouped_heads_and_window(monkeypatch):

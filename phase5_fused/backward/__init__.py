@@ -18,8 +18,8 @@ h // (H // H_kv), write dk and dv per query head, and the op sums each group's h
 (FlashAttention-2's expanded buffer: H / H_kv times the dk, dv memory for the duration of the
 call); dk and dv have k's shape. Head dims: float32 takes the FP32 forward's
 (phase5_fused.fp32.SUPPORTED_D, every multiple of 8 up to 256, checked by the op with that
-forward's C++ rule); float16 and bfloat16 take TC_SUPPORTED_D, every multiple of 8 up to 128 (bwd.h),
-fewer than the tensor-core forward takes (up to 256).
+forward's C++ rule); float16 and bfloat16 take TC_SUPPORTED_D, every multiple of 8 up to 256 (bwd.h),
+as the tensor-core forward (variants 0 and 1 up to TC_ROW_TILE_MAX_D = 128).
 
 The forwards' ops get their autograd formulas from phase5_fused.backward.autograd, which each
 forward package registers when it loads its extension: phase5_fused.fp32.attention and
@@ -38,11 +38,13 @@ from utils.checks import check_attention_inputs, check_cuda_tensor
 NAME = "phase5_fused_bwd"
 SOURCES = ["bwd_ops.cpp", "bwd_prepare.cpp", "bwd_preprocess.cu", "bwd_fp32.cu", "bwd_tc.cu", "bwd_tc_2d.cu", "bwd_tf32x3.cu"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Head dims of the tensor-core kernel (bwd.h's tc_supports_head_dim, which the op checks):
-# phase5_fused.tensor_cores.attention refuses others when an input requires grad. D runs on the tiles
-# of the smallest width in TC_TILE_D at least D (bwd.h's kTcTileD), zero-filled from column D on.
-TC_SUPPORTED_D = tuple(range(8, 129, 8))
-TC_TILE_D = (32, 64, 96, 128)
+# Head dims of the tensor-core kernel (bwd.h's tc_supports_head_dim, which the op checks), the
+# tensor-core forward's. D runs on the tiles of the smallest width in TC_TILE_D at least D (bwd.h's
+# kTcTileD), zero-filled from column D on; variants 0 and 1 take D up to TC_ROW_TILE_MAX_D (bwd.h's
+# kTcRowTileMaxD), variant 2 every D.
+TC_SUPPORTED_D = tuple(range(8, 257, 8))
+TC_TILE_D = (32, 64, 96, 128, 160, 192, 224, 256)
+TC_ROW_TILE_MAX_D = 128
 # Kernels (float32: 0 = bwd_fp32.cu on FFMA, 1 = bwd_tf32x3.cu in 3xTF32 on tensor cores, D in
 # TF32X3_SUPPORTED_D) and tile configurations (bwd_tc.cu: 0 = 4 warps and Bc = 64, 1 = 8 warps and
 # Bc = 128; bwd_tc_2d.cu: 2 = 8 warps, Bc = 128, FlashAttention-2's two-dimensional warp tiles) of
@@ -91,8 +93,11 @@ def tc_tile_d(D: int) -> int:
 
 
 def variants_for(dtype: torch.dtype, D: int) -> tuple[int, ...]:
-    """The variants of dtype's kernels that take head dim D (float32's variant 1: TF32X3_SUPPORTED_D)."""
-    return tuple(n for n in range(VARIANTS[dtype]) if dtype != torch.float32 or n == 0 or D in TF32X3_SUPPORTED_D)
+    """The variants of dtype's kernels that take head dim D (float32's variant 1: TF32X3_SUPPORTED_D;
+    float16 and bfloat16's variants 0 and 1: D up to TC_ROW_TILE_MAX_D)."""
+    if dtype == torch.float32:
+        return tuple(n for n in range(VARIANTS[dtype]) if n == 0 or D in TF32X3_SUPPORTED_D)
+    return tuple(n for n in range(VARIANTS[dtype]) if n == 2 or D <= TC_ROW_TILE_MAX_D)
 
 
 def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scale=None, stride=None,
@@ -119,9 +124,12 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
         variant = DEFAULT_VARIANT
     elif isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
-    elif variant not in variants_for(q.dtype, D):
+    elif variant not in variants_for(q.dtype, D) and q.dtype == torch.float32:
         raise ValueError(f"q: head dim D={D} is not supported by the 3xTF32 backward (variant 1 takes "
                          f"{TF32X3_SUPPORTED_D}): use variant 0")
+    elif variant not in variants_for(q.dtype, D):
+        raise ValueError(f"q: head dim D={D} is above variant {variant}'s {TC_ROW_TILE_MAX_D} (a warp's dK, dV "
+                         f"rows in registers): use variant 2 (or None, the default)")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     if q.dtype != torch.float32 or variant in (1, DEFAULT_VARIANT):  # 16-byte cp.async loads

@@ -68,12 +68,13 @@ void launch_preprocess(const void* out, RowStrides out_strides, const void* dout
                        const float* dlse, float* delta, int64_t B, int64_t H, int64_t Sq, int D, DType dtype,
                        cudaStream_t stream);
 
-// Head dims of the FP16 / BF16 backward: every multiple of kTcHeadDimStep up to kTcMaxHeadDim (the
-// tensor-core forward takes up to 256). D runs on the tiles of the next width in kTcTileD, the tile
-// columns from D on zero-filled (bwd_tc.cu's kPadded instances); bwd_fp32.cu takes the FP32 forward's
-// own list.
-constexpr int kTcHeadDimStep = 8, kTcMaxHeadDim = 128;
-constexpr int kTcTileD[] = {32, 64, 96, 128};
+// Head dims of the FP16 / BF16 backward: every multiple of kTcHeadDimStep up to kTcMaxHeadDim, as the
+// tensor-core forward. D runs on the tiles of the next width in kTcTileD, the tile columns from D on
+// zero-filled (bwd_tc.cu's kPadded instances). Variants 0 and 1 (a warp's 16 keys of dK, dV by D in
+// registers) take D up to kTcRowTileMaxD; variant 2 takes every D. bwd_fp32.cu takes the FP32
+// forward's own list.
+constexpr int kTcHeadDimStep = 8, kTcMaxHeadDim = 256, kTcRowTileMaxD = 128;
+constexpr int kTcTileD[] = {32, 64, 96, 128, 160, 192, 224, 256};
 inline bool tc_supports_head_dim(int64_t D) { return D > 0 && D <= kTcMaxHeadDim && D % kTcHeadDimStep == 0; }
 // The tile width head dim D runs on: the next multiple of 32 (kTcTileD).
 inline int tc_tile_d(int D) { return (D + 31) / 32 * 32; }

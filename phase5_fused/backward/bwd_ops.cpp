@@ -4,15 +4,16 @@
 //       variant, window) -> (dq, dk, dv)   float32; variant 0: bwd_fp32.cu (FFMA, every head dim), 1:
 //       bwd_tf32x3.cu (3xTF32 tensor cores, D = 32, 64, 96, 128)
 //   attention_backward_tc(..., the same arguments) -> (dq, dk, dv)   float16 / bfloat16 (stride must
-//       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), or bwd_tc_2d.cu,
-//       variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles)
+//       be 1); bwd_tc.cu, variant 0 (4 warps, Bc = 64) or 1 (8 warps, Bc = 128), D up to 128, or
+//       bwd_tc_2d.cu, variant 2 (8 warps, FlashAttention-2's two-dimensional warp tiles), every D
 //   variant -1 (the schema's default, autograd's): default_variant below.
 // window (with is_causal): a sliding window, query i sees keys i - window < j <= i; 0 for none.
 // k, v may have H_kv heads (H a multiple of H_kv): the kernels write dK, dV per query head and the op
 // sums each group (bwd_prepare.h, sum_over_groups); dk, dv have k's shape.
 // out and lse are the forward's outputs (lse: [B, H, Sq] float32, natural log); dlse, optional, is
 // the gradient of lse when the caller used it. Head dims: the FP32 forward's own rule (fused.h), and the
-// tensor-core kernel's own (bwd.h: every multiple of 8 up to 128), fewer than its forward takes.
+// tensor-core kernel's own (bwd.h: every multiple of 8 up to 256, as its forward; variants 0 and 1
+// up to 128).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -34,13 +35,15 @@ constexpr int64_t kDefaultVariant = -1;
 // The variant that variant -1 runs: at D = 64 and 128, where the variants tables measured a variant
 // faster than 0 (causal and not), the fastest of them that this GPU holds: FP32 1 (3xTF32); FP16 and
 // BF16 2 where a block may have its shared memory (sm_80, sm_90), else 1 (sm_86, sm_89: 99 KB).
-// Every other head dim: 0, until measured. A head dim below a tile width of the tensor-core kernel
+// Every other head dim: 0, until measured; above D = 128 FP16 and BF16 run variant 2, the only one
+// that takes it. A head dim below a tile width of the tensor-core kernel
 // runs on that width's tiles (bwd.h, tc_tile_d), and takes that width's variant. q's D is checked
 // later by prepare (0 if q is not 4-D).
 int64_t default_variant(const at::Tensor& q, bool tensor_cores) {
   const int64_t D = q.dim() == 4 ? q.size(3) : 0;
   const bool on_tc_tiles = tensor_cores && phase5_bwd::tc_supports_head_dim(D);
   const int64_t width = on_tc_tiles ? phase5_bwd::tc_tile_d(static_cast<int>(D)) : D;
+  if (on_tc_tiles && D > phase5_bwd::kTcRowTileMaxD) return 2;  // the only variant that takes it
   if (width != 64 && width != 128) return 0;
   if (!tensor_cores) return 1;
   const int limit = course::shared_memory_per_block(c10::cuda::current_device());

@@ -64,7 +64,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const course::AttentionShape s = course::check_qkv(q, k, v, dtype, /*grouped=*/true, /*rows_contiguous=*/views);
   if (kernel == Kernel::kTensorCores) {
     TORCH_CHECK(tc_supports_head_dim(s.D), "q: head dim D=", s.D, " is not supported by the tensor-core "
-                "backward (a multiple of ", kTcHeadDimStep, " up to ", kTcMaxHeadDim, "; the forward takes more)");
+                "backward (a multiple of ", kTcHeadDimStep, " up to ", kTcMaxHeadDim, ")");
     TORCH_CHECK(s.Sq <= std::numeric_limits<int>::max() && s.Sk <= std::numeric_limits<int>::max(),
                 "q and k sequence lengths must fit in int32 for the tensor-core backward");
   }

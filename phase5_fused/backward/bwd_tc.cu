@@ -21,7 +21,7 @@
 // memory (dO, Q, K for dV, dK, dQ) is read with ldmatrix .trans, as V in the forward kernel; K_w,
 // V_w as A and Q, dO as B^T for S^T and dP^T are read plainly, as Q and K in the forward kernel.
 //
-// Head dims: each tile width D of kTcTileD has an instance for rows of D elements and a padded one
+// Head dims: each tile width D of kTcTileD up to kTcRowTileMaxD has an instance for rows of D elements and a padded one
 // (kPadded) for a head dim below it (rows of head_dim elements): the tiles' columns from head_dim on
 // are zero-filled, so they add nothing to S^T and dP^T and come out zero in dK, dV and dQ, whose
 // stores stop at head_dim. The forward kernel pads the same way.
@@ -355,6 +355,8 @@ void launch_for_variant(const BwdParams& p, int D, int variant, cudaStream_t str
 template <typename T>
 void launch_for_d(const BwdParams& p, int D, int variant, cudaStream_t stream) {
   TORCH_CHECK(tc_supports_head_dim(D), "q: head dim D=", D, " is not supported by the tensor-core backward");
+  TORCH_CHECK(D <= kTcRowTileMaxD, "q: head dim D=", D, " is above variant ", variant, "'s ", kTcRowTileMaxD,
+              " (a warp's dK, dV rows in registers): use variant 2 (or -1, the default)");
   switch (tc_tile_d(D)) {
     case 32: return launch_for_variant<T, 32>(p, D, variant, stream);
     case 64: return launch_for_variant<T, 64>(p, D, variant, stream);

@@ -37,12 +37,14 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // FlashAttention-2's tiles for sm_80: Bc = 128 keys per block, 8 warps, Br = 128 query rows per
-// step up to D = 64 and 64 above. dQ's warp grid is 32 x 32 per warp where D allows it (D = 96:
-// 16 rows x 48 columns, the column slices being whole pairs of n8 tiles).
+// step up to D = 64 and 64 above; above D = 128, Bc = 64 (as FlashAttention-2 at D = 256): a warp's
+// dK_j, dV_j are then 16 keys x D/2, the same 2 x 64 FP32 registers as 32 x 64 at D = 128. dQ's warp
+// grid is 32 x 32 per warp where D allows it, else 16 rows by columns that are whole pairs of n8
+// tiles (D = 96: 48 columns; 160: 80; 224: 112).
 template <int D_>
 struct Tile2d {
   static constexpr int D = D_, kWarps = 8, kThreads = kWarps * course::kWarpSize;
-  static constexpr int kBc = 128, kBr = D <= 64 ? 128 : 64;
+  static constexpr int kBc = D <= 128 ? 128 : 64, kBr = D <= 64 ? 128 : 64;
   static constexpr int kSRows = kBr / 2, kSKeys = kBc / 4;      // S, dP: 2 x 4 warps
   static constexpr int kKvKeys = kBc / 4, kKvCols = D / 2;      // dK, dV: 4 x 2 warps
   static constexpr int kQRowGroups = (D / (kWarps / (kBr / 32))) % 16 == 0 ? kBr / 32 : kBr / 16;
@@ -50,6 +52,8 @@ struct Tile2d {
   static constexpr int kQRows = kBr / kQRowGroups, kQCols = D / kQColGroups;
   // K_j, V_j; Q_i, dO_i in 2 stages; P and dS (elements of 2 bytes); L_i, D_i in 2 stages (FP32).
   static constexpr int kSmemBytes = (2 * kBc * D + 4 * kBr * D + 2 * kBr * kBc) * 2 + 4 * kBr * 4;
+  // dQ_i (Br x D FP32) goes to L2 through the bytes of P and dS where it fits in them (D <= Bc).
+  static constexpr bool kDqThroughSmem = D * 4 <= 2 * kBc * 2;
 };
 
 template <typename T, typename Cfg, bool kMaskOrWindow, bool kPadded>
@@ -305,31 +309,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
       // read back so that the 32 lanes of a warp add 32 consecutive floats of one row: one 128-byte
       // line per atomic instruction, where the fragments' order touches 8 rows (8 sectors).
       // Chunks of 8 floats are XOR-swizzled by row % 4: the fragment writes (8 rows x 8 floats)
-      // take the minimum of two wavefronts and the row reads one.
-      auto dq_at = [](int row, int col) { return row * D + (((col >> 3) ^ (row & 3)) << 3) + (col & 7); };
-      float* sdQ = reinterpret_cast<float*>(sP);
-      static_assert(kBr * D * sizeof(float) <= 2 * kBr * kBc * sizeof(T), "dQ_i fits in the bytes of P and dS");
-      __syncthreads();
+      // take the minimum of two wavefronts and the row reads one. Above D = 128 the tile does not
+      // fit in those bytes: each thread adds its fragments' pairs itself.
+      if constexpr (Cfg::kDqThroughSmem) {
+        auto dq_at = [](int row, int col) { return row * D + (((col >> 3) ^ (row & 3)) << 3) + (col & 7); };
+        float* sdQ = reinterpret_cast<float*>(sP);
+        __syncthreads();
 #pragma unroll
-      for (int mt = 0; mt < kQM; ++mt) {
+        for (int mt = 0; mt < kQM; ++mt) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = q_row0 + 16 * mt + g + 8 * r;
+          for (int r = 0; r < 2; ++r) {
+            const int row = q_row0 + 16 * mt + g + 8 * r;
 #pragma unroll
-          for (int nt = 0; nt < kQN; ++nt) {
-            const float2 pair = make_float2(p.scale * acc[mt][nt][2 * r], p.scale * acc[mt][nt][2 * r + 1]);
-            *reinterpret_cast<float2*>(sdQ + dq_at(row, q_col0 + 8 * nt + 2 * t)) = pair;
+            for (int nt = 0; nt < kQN; ++nt) {
+              const float2 pair = make_float2(p.scale * acc[mt][nt][2 * r], p.scale * acc[mt][nt][2 * r + 1]);
+              *reinterpret_cast<float2*>(sdQ + dq_at(row, q_col0 + 8 * nt + 2 * t)) = pair;
+            }
           }
         }
-      }
-      __syncthreads();
+        __syncthreads();
 #pragma unroll
-      for (int row = warp; row < kBr; row += Cfg::kWarps) {
-        if (q0 + row < Sq) {
-          float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * row_len;
+        for (int row = warp; row < kBr; row += Cfg::kWarps) {
+          if (q0 + row < Sq) {
+            float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * row_len;
 #pragma unroll
-          for (int col = lane; col < D; col += course::kWarpSize) {
-            if (!kPadded || col < head_dim) atomicAdd(dq_row + col, sdQ[dq_at(row, col)]);
+            for (int col = lane; col < D; col += course::kWarpSize) {
+              if (!kPadded || col < head_dim) atomicAdd(dq_row + col, sdQ[dq_at(row, col)]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kQM; ++mt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = q_row0 + 16 * mt + g + 8 * r;
+            if (q0 + row >= Sq) continue;
+            float* dq_row = w.dQ + static_cast<int64_t>(q0 + row) * row_len;
+#pragma unroll
+            for (int nt = 0; nt < kQN; ++nt) {
+              const int col = q_col0 + 8 * nt + 2 * t;
+              if (kPadded && col >= head_dim) continue;
+              atomicAdd(dq_row + col, p.scale * acc[mt][nt][2 * r]);
+              atomicAdd(dq_row + col + 1, p.scale * acc[mt][nt][2 * r + 1]);
+            }
           }
         }
       }
@@ -389,7 +412,11 @@ void launch_for_d(const BwdParams& p, int D, cudaStream_t stream) {
     case 32: return launch_for_padding<T, 32>(p, D, stream);
     case 64: return launch_for_padding<T, 64>(p, D, stream);
     case 96: return launch_for_padding<T, 96>(p, D, stream);
-    default: return launch_for_padding<T, 128>(p, D, stream);
+    case 128: return launch_for_padding<T, 128>(p, D, stream);
+    case 160: return launch_for_padding<T, 160>(p, D, stream);
+    case 192: return launch_for_padding<T, 192>(p, D, stream);
+    case 224: return launch_for_padding<T, 224>(p, D, stream);
+    default: return launch_for_padding<T, 256>(p, D, stream);
   }
 }
 
@@ -401,7 +428,11 @@ int tc_backward_2d_smem_bytes(int D) {
     case 32: return Tile2d<32>::kSmemBytes;
     case 64: return Tile2d<64>::kSmemBytes;
     case 96: return Tile2d<96>::kSmemBytes;
-    default: return Tile2d<128>::kSmemBytes;
+    case 128: return Tile2d<128>::kSmemBytes;
+    case 160: return Tile2d<160>::kSmemBytes;
+    case 192: return Tile2d<192>::kSmemBytes;
+    case 224: return Tile2d<224>::kSmemBytes;
+    default: return Tile2d<256>::kSmemBytes;
   }
 }
 

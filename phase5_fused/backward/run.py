@@ -34,7 +34,8 @@
    Head dims (op attention_backward_head_dims): autograd's backward of phase5_fused_bwd_tc beside
    sdpa_flash and sdpa_cudnn at B=4, H=8, S=4096, FP16, causal and not, D in HEAD_DIMS_SWEEP: the
    tile widths and the head dims between them that run padded (80 on the tiles of 96, 112 on
-   those of 128); TFLOP/s count the head dim's own FLOPs, not the tile's.
+   those of 128), and above 128 the widths of variant 2's Bc = 64 tiles; TFLOP/s count the head
+   dim's own FLOPs, not the tile's.
 4. Nsight Compute (skipped with --no-ncu): the backward's main kernel of each (impl, D) of
    PROFILE_CALLS at S=4096, non-causal (ours, the tensor-core kernel's variants 1 and 2 called
    directly, and the peer of each dtype): instruction counts, memory
@@ -59,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 B, H = 4, 8
 HEAD_DIMS = (64, 128)
 # The head-dims rows: tile widths of the tensor-core backward and padded head dims between them.
-HEAD_DIMS_SWEEP = (32, 64, 80, 96, 112, 128)
+HEAD_DIMS_SWEEP = (32, 64, 80, 96, 112, 128, 160, 192, 256)
 HEAD_DIMS_IMPLS = [("phase5_fused_bwd_tc", "tc"), ("sdpa_flash", "sdpa_flash"), ("sdpa_cudnn", "sdpa_cudnn")]
 SEQ_LENS = (1024, 4096)
 QUICK_SEQ_LENS = (1024,)

@@ -32,9 +32,9 @@ FP32_PADDED_D = (8, 40, 136, 200, 256)
 # Test ids of the FP32 kernels: 0, bwd_fp32.cu (the teaching kernel, whose steps the starter kit
 # leaves to the student), 1, bwd_tf32x3.cu.
 FP32_VARIANT_IDS = ["teaching", "tf32x3"]
-# FP16 / BF16 head dims on the tensor-core kernels' padded tiles, one on each tile width, and the
-# widths themselves.
-TC_PADDED_D = (8, 56, 80, 120)
+# FP16 / BF16 head dims on the tensor-core kernels' padded tiles (tile widths 32, 96, 128, 224),
+# and the widths themselves.
+TC_PADDED_D = (8, 80, 120, 200)
 TC_GRID_D = tuple(sorted(backward.TC_TILE_D + TC_PADDED_D))
 
 
@@ -582,7 +582,7 @@ def test_tc_every_head_dim(D, dtype):
     out, lse = tc.attention(q, k, v, return_lse=True, **kw)
     _, *refs = reference_grads(q, k, v, dout, **kw)
     peers = expanded_sdpa_grads(q, k, v, dout, **kw)
-    for variant in range(backward.VARIANTS[dtype]):
+    for variant in backward.variants_for(dtype, D):
         grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
         check_tc(grads, refs, peers, f"{info} variant {variant}")
 
@@ -600,7 +600,7 @@ def test_tc_padded_head_dim_is_the_zero_padded_tile(D, dtype):
     pad = lambda x: F.pad(x, (0, width - D))  # noqa: E731
     kw = {"is_causal": True, "scale": 1.0 / math.sqrt(D)}
     out, lse = tc.attention(q, k, v, return_lse=True, **kw)
-    for variant in range(backward.VARIANTS[dtype]):
+    for variant in backward.variants_for(dtype, D):
         dq, dk, dv = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
         wide = backward.attention_backward(pad(q), pad(k), pad(v), pad(out), lse, pad(dout), variant=variant, **kw)
         assert torch.equal(dk, wide[1][..., :D]) and torch.equal(dv, wide[2][..., :D]), f"dk, dv {info} v{variant}"
@@ -624,7 +624,7 @@ def test_tc_variants(D, dtype, causal):
     out, lse = tc.attention(q, k, v, return_lse=True, **kw)
     _, *refs = reference_grads(q, k, v, dout, **kw)
     peers = sdpa_grads(q, k, v, dout, **kw)
-    for variant in range(backward.VARIANTS[dtype]):
+    for variant in backward.variants_for(dtype, D):
         grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
         check_tc(grads, refs, peers, f"{info} variant {variant}")
         assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
@@ -632,16 +632,21 @@ def test_tc_variants(D, dtype, causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("D", (32, 64, 80, 120, 128))
+@pytest.mark.parametrize("D", (32, 64, 80, 120, 128, 200))
 def test_default_variant_per_head_dim_and_gpu(dtype, D):
     """variant=None, autograd's, runs the variant the op's default names for D and this GPU: at D = 64
     and 128 FP32's 3xTF32 kernel and FP16/BF16's variant 2 where a block may have its shared memory
     (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1; variant 0 at other D. FP16/BF16 take
-    the variant of the tile width D runs on (D = 120: 128's; 80: 96's). Told apart by the kernels each
-    call launches (torch.profiler), every variant's set its own."""
+    the variant of the tile width D runs on (D = 120: 128's; 80: 96's), and above D = 128 variant 2, the
+    only one that takes it. Told apart by the kernels each call launches (torch.profiler), every
+    variant's set its own."""
     optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
     width = D if dtype == torch.float32 else backward.tc_tile_d(D)
-    if width not in (64, 128):
+    if dtype != torch.float32 and D > backward.TC_ROW_TILE_MAX_D:
+        if optin < 227 * 1024:
+            pytest.skip(f"a GPU with {optin} bytes per block: variant 2's tiles at D={D} may not fit")
+        expected = 2
+    elif width not in (64, 128):
         expected = 0
     elif dtype == torch.float32 or optin <= 99 * 1024:
         expected = 1
@@ -777,16 +782,17 @@ def test_fp32_unsupported_head_dim_rejected_without_gpu(D):
 
 def test_tc_head_dims_are_the_kernels():
     """TC_SUPPORTED_D is the rule the op checks (bwd.h: every multiple of kTcHeadDimStep up to
-    kTcMaxHeadDim), within the tensor-core forward's; TC_TILE_D is bwd.h's kTcTileD, and every
+    kTcMaxHeadDim), the tensor-core forward's; TC_ROW_TILE_MAX_D and TC_TILE_D are bwd.h's, and every
     supported D has a tile at least as wide."""
     header = (Path(backward.__file__).parent / "bwd.h").read_text()
-    step, largest = (int(re.search(rf"{name} = (\d+)", header).group(1)) for name in ("kTcHeadDimStep", "kTcMaxHeadDim"))
-    assert backward.TC_SUPPORTED_D == tuple(range(step, largest + 1, step))
-    assert set(backward.TC_SUPPORTED_D) <= set(tc.SUPPORTED_D)
+    step, largest, row_tile_max = (int(re.search(rf"{name} = (\d+)", header).group(1))
+                                   for name in ("kTcHeadDimStep", "kTcMaxHeadDim", "kTcRowTileMaxD"))
+    assert backward.TC_SUPPORTED_D == tuple(range(step, largest + 1, step)) == tc.SUPPORTED_D
+    assert backward.TC_ROW_TILE_MAX_D == row_tile_max
     tiles = re.search(r"kTcTileD\[\] = \{([^}]*)\}", header).group(1)
     assert tuple(int(d) for d in tiles.split(",")) == backward.TC_TILE_D
     assert max(backward.TC_TILE_D) == largest
-    assert [backward.tc_tile_d(D) for D in (8, 32, 40, 120, 128)] == [32, 32, 64, 128, 128]
+    assert [backward.tc_tile_d(D) for D in (8, 32, 40, 120, 136, 256)] == [32, 32, 64, 128, 160, 256]
 
 
 def test_import_builds_nothing():
@@ -819,6 +825,9 @@ def test_bad_inputs_named():
         backward.attention_backward(h[0], h[1], h[2], h[3], lse, h[4], stride=2)
     with pytest.raises(ValueError, match="variant must be in"):
         backward.attention_backward(q, k, v, out, lse, dout, variant=2)
+    with pytest.raises(ValueError, match="D=136 is above variant 1's 128"):
+        h = torch.randn(1, 2, 16, 136, device="cuda", dtype=torch.float16)
+        backward.attention_backward(h, h, h, h, lse, h, variant=1)
     with pytest.raises(ValueError, match="mask"):
         backward.attention_backward(q, k, v, out, lse, dout, mask=torch.ones(3, 16, 24, dtype=torch.bool,
                                                                                  device="cuda"))
@@ -843,10 +852,14 @@ def test_op_checks_name_the_argument():
         x = torch.randn(1, 2, 16, D, device="cuda")
         with pytest.raises(RuntimeError, match=f"D={D} is not supported by the FP32 backward"):
             ops.attention_backward_fp32(x, x, x, x, lse48, x, *args)
-    for D in (12, 136):
+    for D in (12, 264):
         h = torch.randn(1, 2, 16, D, device="cuda", dtype=torch.float16)
         with pytest.raises(RuntimeError, match=f"D={D} is not supported by the tensor-core backward"):
             ops.attention_backward_tc(h, h, h, h, lse48, h, *args)
+    h = torch.randn(1, 2, 16, 136, device="cuda", dtype=torch.float16)
+    for variant in (0, 1):
+        with pytest.raises(RuntimeError, match=f"D=136 is above variant {variant}'s 128"):
+            ops.attention_backward_tc(h, h, h, h, lse48, h, *args, variant)
     with pytest.raises(RuntimeError, match="q must be float16 or bfloat16"):
         ops.attention_backward_tc(q, k, v, out, lse, dout, *args)
     with pytest.raises(RuntimeError, match=r"variant must be 0 \(FFMA\) or 1"):

@@ -15,8 +15,7 @@ Accumulation and the softmax statistics are FP32; the output has the inputs' dty
 return_lse=True also returns the rows' logsumexp ([B, H, Sq] float32, natural log, -inf for a row
 with no visible key; op attention_lse). Differentiable in q, k, v (not the mask): the backward is
 phase5_fused.backward's tensor-core kernel, and the forward writes lse when an input requires grad;
-that backward takes grouped heads and windows, but only D in backward.TC_SUPPORTED_D (multiples of
-8 up to 128), so inputs at a larger D that require grad are refused.
+that backward takes grouped heads, windows and every head dim the forward takes.
 
 version= picks one of the lesson's versions (VERSIONS, in order, each one idea further; README
 "Versions"): "v1_mma" (tc_v1_mma.cu), "v2_ldmatrix", "v3_swizzle", "v4_cp_async", "v5_exp2",
@@ -35,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from phase5_fused import backward
 from utils.build import op_loader
 from utils.checks import (check_attention_inputs, check_cuda_tensor, dim_in, plain_arguments,
                           records_grad)
@@ -191,9 +189,6 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
         q, k, v = _aligned(q), _aligned(k), _aligned(v)
     ops = load()
     needs_grad = records_grad(q, k, v)
-    if needs_grad and not dim_in(D, backward.TC_SUPPORTED_D):
-        raise ValueError(f"head dim D={D} (q.shape[-1]): the tensor-core backward takes a multiple of 8 up "
-                         f"to {backward.TC_SUPPORTED_D[-1]}, and an input requires grad; run under torch.no_grad()")
     if out is None and (return_lse or needs_grad):  # the backward needs the logsumexp
         result, lse = ops.attention_lse(q, k, v, mask, is_causal, float(scale), key_lengths, w)
         return (result, lse) if return_lse else result

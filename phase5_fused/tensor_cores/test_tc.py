@@ -389,17 +389,6 @@ def test_grouped_heads_and_window_record_a_gradient():
 
 
 @requires_gpu
-def test_head_dim_without_backward_refused_with_grad():
-    """D = 136 runs forward, but the tensor-core backward takes D up to 128: refused by name when an
-    input requires grad, computed under torch.no_grad()."""
-    q, k, v, info = make_qkv(1, 2, 16, 24, 136, torch.float16)
-    with pytest.raises(ValueError, match=r"head dim D=136 \(q.shape\[-1\]\): the tensor-core backward takes a multiple"):
-        tc.attention(q, k, v.requires_grad_())
-    with torch.no_grad():
-        check(q, k, v, info, is_causal=True)
-
-
-@requires_gpu
 def test_gqa_window_op_checks():
     """The C++ op checks the head grouping and the window itself."""
     ops = tc.load()
