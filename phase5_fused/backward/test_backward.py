@@ -168,6 +168,18 @@ def check_tc(grads, refs, peers, info):
         assert err <= 2 * peer_err + SDPA_FLOOR, f"{name}: rel error {err:.3e} > 2 x SDPA's {peer_err:.3e} {info}"
 
 
+def check_tc_variants(q, k, v, dout, info, peers, **kwargs):
+    """Each variant of the tensor-core backward that takes q's D, called directly on the forward's out
+    and lse, checked against float64 beside SDPA's gradients `peers`; {variant: (dq, dk, dv)}."""
+    out, lse = tc.attention(q, k, v, return_lse=True, **kwargs)
+    _, *refs = reference_grads(q, k, v, dout, **kwargs)
+    grads = {}
+    for variant in backward.variants_for(q.dtype, q.shape[-1]):
+        grads[variant] = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kwargs)
+        check_tc(grads[variant], refs, peers, f"{info} variant {variant}")
+    return grads
+
+
 def fp32_scales(q, k, v, dout, Sk, **kwargs):
     """assert_close's ref_scale for dq, dk, dv in FP32: the cancelling terms where dq and dk are
     exactly zero (Sk = 1, or a window of one key), the references themselves otherwise."""
@@ -579,12 +591,7 @@ def test_tc_every_head_dim(D, dtype):
     and causal with a window: the instances of the tile width D runs on, padded where D is below it."""
     q, k, v, dout, info = grouped_inputs(2, 2, 1, 70, 90, D, dtype)
     kw = {"is_causal": True, "window": 40}
-    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
-    _, *refs = reference_grads(q, k, v, dout, **kw)
-    peers = expanded_sdpa_grads(q, k, v, dout, **kw)
-    for variant in backward.variants_for(dtype, D):
-        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
-        check_tc(grads, refs, peers, f"{info} variant {variant}")
+    check_tc_variants(q, k, v, dout, info, expanded_sdpa_grads(q, k, v, dout, **kw), **kw)
 
 
 @requires_gpu
@@ -621,13 +628,8 @@ def test_tc_variants(D, dtype, causal):
     mask[..., 5, :] = False
     lengths = torch.tensor([Sk, 140, 0], device="cuda")
     kw = {"mask": mask, "is_causal": causal, "key_lengths": lengths}
-    out, lse = tc.attention(q, k, v, return_lse=True, **kw)
-    _, *refs = reference_grads(q, k, v, dout, **kw)
-    peers = sdpa_grads(q, k, v, dout, **kw)
-    for variant in backward.variants_for(dtype, D):
-        grads = backward.attention_backward(q, k, v, out, lse, dout, variant=variant, **kw)
-        check_tc(grads, refs, peers, f"{info} variant {variant}")
-        assert torch.equal(grads[0][..., 5, :], torch.zeros_like(grads[0][..., 5, :])), f"masked row {info}"
+    for variant, (dq, _, _) in check_tc_variants(q, k, v, dout, info, sdpa_grads(q, k, v, dout, **kw), **kw).items():
+        assert torch.equal(dq[..., 5, :], torch.zeros_like(dq[..., 5, :])), f"masked row {info} variant {variant}"
 
 
 @requires_gpu
