@@ -36,9 +36,9 @@ constexpr int64_t kDefaultVariant = -1;
 // faster than 0 (causal and not), the fastest of them that this GPU holds: FP32 1 (3xTF32); FP16 and
 // BF16 2 where a block may have its shared memory (sm_80, sm_90), else 1 (sm_86, sm_89: 99 KB).
 // Every other head dim: 0, until measured; above D = 128 FP16 and BF16 run variant 2, the only one
-// that takes it. A head dim below a tile width of the tensor-core kernel
-// runs on that width's tiles (bwd.h, tc_tile_d), and takes that width's variant. q's D is checked
-// later by prepare (0 if q is not 4-D).
+// that takes it. A head dim below a tile width of the tensor-core kernel runs on that width's tiles
+// (bwd.h, tc_tile_d) and takes that width's variant. q's D is checked later by prepare (0 if q is
+// not 4-D).
 int64_t default_variant(const at::Tensor& q, bool tensor_cores) {
   const int64_t D = q.dim() == 4 ? q.size(3) : 0;
   const bool on_tc_tiles = tensor_cores && phase5_bwd::tc_supports_head_dim(D);
