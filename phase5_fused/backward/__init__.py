@@ -124,10 +124,10 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, is_causal=False, scal
         variant = DEFAULT_VARIANT
     elif isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < VARIANTS[q.dtype]:
         raise ValueError(f"variant must be in [0, {VARIANTS[q.dtype]}) for {q.dtype}, got {variant!r}")
-    elif variant not in variants_for(q.dtype, D) and q.dtype == torch.float32:
-        raise ValueError(f"q: head dim D={D} is not supported by the 3xTF32 backward (variant 1 takes "
-                         f"{TF32X3_SUPPORTED_D}): use variant 0")
     elif variant not in variants_for(q.dtype, D):
+        if q.dtype == torch.float32:
+            raise ValueError(f"q: head dim D={D} is not supported by the 3xTF32 backward (variant 1 takes "
+                             f"{TF32X3_SUPPORTED_D}): use variant 0")
         raise ValueError(f"q: head dim D={D} is above variant {variant}'s {TC_ROW_TILE_MAX_D} (a warp's dK, dV "
                          f"rows in registers): use variant 2 (or None, the default)")
     out, lse, dout = out.contiguous(), lse.contiguous(), dout.contiguous()

@@ -52,6 +52,10 @@ __host__ __device__ inline bool in_window(const BwdParams& p, int64_t i, int64_t
 __host__ __device__ inline int64_t query_rows_end(const BwdParams& p, int64_t k0, int64_t n) {
   return p.window == 0 || k0 + n - 1 + p.window > p.Sq ? p.Sq : k0 + n - 1 + p.window;
 }
+// Whether a call needs the tensor-core kernels' instance for a user mask or a window (kMaskOrWindow).
+inline bool uses_mask_or_window(const BwdParams& p) {
+  return p.masking.mask.kind != course::MaskKind::kNone || p.window > 0;
+}
 // Whether the tile of queries [q0, q0 + m) and keys from k0 on holds a pair outside the window.
 __host__ __device__ inline bool crosses_window(const BwdParams& p, int64_t q0, int64_t m, int64_t k0) {
   return p.window > 0 && q0 + m - 1 - k0 >= p.window;

@@ -21,10 +21,10 @@
 // memory (dO, Q, K for dV, dK, dQ) is read with ldmatrix .trans, as V in the forward kernel; K_w,
 // V_w as A and Q, dO as B^T for S^T and dP^T are read plainly, as Q and K in the forward kernel.
 //
-// Head dims: each tile width D of kTcTileD up to kTcRowTileMaxD has an instance for rows of D elements and a padded one
-// (kPadded) for a head dim below it (rows of head_dim elements): the tiles' columns from head_dim on
-// are zero-filled, so they add nothing to S^T and dP^T and come out zero in dK, dV and dQ, whose
-// stores stop at head_dim. The forward kernel pads the same way.
+// Head dims: each tile width D of kTcTileD up to kTcRowTileMaxD has an instance for rows of D
+// elements and a padded one (kPadded) for a head dim below it (rows of head_dim elements): the tiles'
+// columns from head_dim on are zero-filled, so they add nothing to S^T and dP^T and come out zero in
+// dK, dV and dQ, whose stores stop at head_dim. The forward kernel pads the same way.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tc_backward_ke
 
 template <typename T, typename Cfg, bool kPadded>
 void launch_for_mask(const BwdParams& p, int head_dim, cudaStream_t stream) {
-  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
+  if (uses_mask_or_window(p)) {
     launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, true, kPadded>>(p, head_dim, stream);
   } else {
     launch_key_blocks<Cfg, tc_backward_kernel<T, Cfg, false, kPadded>>(p, head_dim, stream);

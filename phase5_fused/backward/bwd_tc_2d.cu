@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tc_backward_2d_kernel(const 
 
 template <typename T, int D, bool kPadded>
 void launch_for_mask(const BwdParams& p, int head_dim, cudaStream_t stream) {
-  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
+  if (uses_mask_or_window(p)) {
     launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, true, kPadded>>(p, head_dim, stream);
   } else {
     launch_key_blocks<Tile2d<D>, tc_backward_2d_kernel<T, Tile2d<D>, false, kPadded>>(p, head_dim, stream);

@@ -417,7 +417,7 @@ void launch(const BwdParams& p, int device, cudaStream_t stream) {
 
 template <int D>
 void launch_for_mask(const BwdParams& p, int device, cudaStream_t stream) {
-  if (p.masking.mask.kind != course::MaskKind::kNone || p.window > 0) {
+  if (uses_mask_or_window(p)) {
     launch<Tf32Tile<D>, true>(p, device, stream);
   } else {
     launch<Tf32Tile<D>, false>(p, device, stream);
