@@ -11,6 +11,7 @@ from __future__ import annotations
 from utils.build import REPO_ROOT
 from utils.gpu_checks import GRADE_RECORD, load_record
 from utils.grade_rubric import LEVEL_FRACTION, LEVELS, load_rubric
+from utils.grade_tests import record_id
 
 
 def _num(x) -> str:
@@ -51,6 +52,15 @@ def scored_parts(rubric: dict) -> list[str]:
     return names + [f"speed: {bench['name']}" for bench in rubric.get("benchmarks", [])]
 
 
+def graded_under(rubric: dict, section: dict) -> bool:
+    """Whether a phase's recorded grade was made under this rubric: the same parts, and a scored test
+    from each of its official test files (a file the rubric gained since has none)."""
+    scored_files = {t["id"].partition("::")[0] for t in section.get("tests", []) if t.get("scored")}
+    official_files = [record_id(path) for path in rubric.get("correctness", {}).get("tests", [])]
+    return ([p["name"] for p in section["parts"]] == scored_parts(rubric)
+            and all(f in scored_files for f in official_files))
+
+
 def record_lines(rubric: dict, record: dict | None) -> list[str]:
     """The parts of the phase's last recorded grade, and where it was recorded (and whether under
     another rubric than this one: a record older than the rubric)."""
@@ -66,7 +76,7 @@ def record_lines(rubric: dict, record: dict | None) -> list[str]:
     total = section.get("points")
     lines.append(f"| **total** | | | **{'–' if total is None else _num(total)} / {section['max']:g}** |")
     env = record["env"]
-    older = [p["name"] for p in section["parts"]] != scored_parts(rubric)
+    older = not graded_under(rubric, section)
     return [*lines, "", f"_{GRADE_RECORD.relative_to(REPO_ROOT).as_posix()}: {env['gpu']}, torch {env['torch']}, "
                         f"CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}"
                         + ("; graded under an earlier rubric" if older else "") + "._"]

@@ -59,6 +59,17 @@ def test_a_record_made_under_another_rubric_says_so():
     assert grading_doc.record_lines(changed, RECORD)[-1].endswith("; graded under an earlier rubric._")
 
 
+def test_a_record_without_tests_of_an_official_file_was_made_under_another_rubric():
+    section = {**RECORD["phases"][0], "tests": [{"id": "phase2_naive.test_naive::test_a[teaching]", "scored": True},
+                                               {"id": "phase2_naive.test_other::test_b", "scored": False}]}
+    record = {**RECORD, "phases": [section]}
+    rubric = {"phase": "phase2_naive", "benchmarks": [{"name": "attention FP32"}],
+              "correctness": {"tests": ["phase2_naive/test_naive.py"]}}
+    assert "earlier rubric" not in grading_doc.record_lines(rubric, record)[-1]
+    rubric["correctness"]["tests"].append("phase2_naive/test_other.py")  # recorded, but not scored then
+    assert grading_doc.record_lines(rubric, record)[-1].endswith("; graded under an earlier rubric._")
+
+
 def test_the_renderer_fills_the_grading_table_where_its_markers_stand(tmp_path):
     """A phase folder whose README has the markers and whose manifest declares a rubric."""
     folder = tmp_path / "phase9_fake"
