@@ -133,7 +133,11 @@ def _dt(dtype: torch.dtype) -> str:
 
 
 def _dims(dims) -> str:
-    return f"{dims.start}..{dims.stop - 1}" if isinstance(dims, range) else "{" + ", ".join(map(str, dims)) + "}"
+    """Head dims for a message: a..b when consecutive, {a, b, ..., z} when evenly stepped, else each."""
+    d = tuple(dims)
+    if len(d) > 3 and d == tuple(range(d[0], d[-1] + 1, d[1] - d[0])):
+        return f"{d[0]}..{d[-1]}" if d[1] - d[0] == 1 else f"{{{d[0]}, {d[1]}, ..., {d[-1]}}}"
+    return "{" + ", ".join(map(str, d)) + "}"
 
 
 class UnsupportedModeError(ValueError):

@@ -147,6 +147,15 @@ def test_supported_modes_and_auto_rule(dtype, D, stride, expected):
 
 
 @pytest.mark.usefixtures("sm80")
+def test_head_dims_read_short_in_messages():
+    """A mode's head dims in its refusal: a run of consecutive values as a..b, an evenly stepped one
+    by its first two and last values, any other set value by value."""
+    assert A._dims(range(1, 257)) == "1..256"
+    assert A._dims(tuple(range(8, 257, 8))) == "{8, 16, ..., 256}"
+    assert A._dims((32, 64, 80, 96, 128)) == "{32, 64, 80, 96, 128}"
+    assert A._dims((64, 128, 192)) == "{64, 128, 192}"
+
+
 def test_mode_resolution_is_remembered_per_signature(monkeypatch):
     """A repeated signature skips the rules (one dict lookup per call); any other signature, and
     every error, is still decided by them."""
@@ -160,7 +169,7 @@ def test_mode_resolution_is_remembered_per_signature(monkeypatch):
         assert resolve_mode("auto", q32) == "fused"
         with pytest.raises(UnsupportedModeError, match="has no stride support"):
             resolve_mode("fused_tc", q16, stride=2)
-        with pytest.raises(UnsupportedModeError, match="D in"):
+        with pytest.raises(UnsupportedModeError, match=r"D in \{8, 16, \.\.\., 256\} \(got 84\)"):
             resolve_mode("auto", torch.empty(1, 2, 16, 84, dtype=torch.float16, device="cuda"))
         with pytest.raises(ValueError, match="q must be 4-D"):
             resolve_mode("auto", q16[0])
