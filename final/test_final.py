@@ -156,10 +156,10 @@ def test_head_dims_read_short_in_messages():
     assert A._dims((64, 128, 192)) == "{64, 128, 192}"
 
 
+@pytest.mark.usefixtures("sm80")
 def test_mode_resolution_is_remembered_per_signature(monkeypatch):
     """A repeated signature skips the rules (one dict lookup per call); any other signature, and
     every error, is still decided by them."""
-    monkeypatch.setattr(A, "_RESOLVED", {})
     with FakeTensorMode():
         q16, q32 = (torch.empty(1, 2, 16, 64, dtype=dt, device="cuda") for dt in (torch.float16, torch.float32))
         assert resolve_mode("auto", q16) == "fused_tc" and resolve_mode("fused", q32, stride=2) == "fused"
