@@ -3,8 +3,9 @@
 utils.render fills it wherever a README has `<!-- table:checks -->` markers, with one row per
 pytest path (`tests`) and per sanitizer module (`sanitize`) of the folder's manifest.json, read
 from the two records a GPU run commits (never typed by hand):
-    utils/results/grade/all.json   `python -m utils.grade --all --out utils/results/grade`: every test
-                                   of every lesson with its outcome, and the environment stamp
+    utils/results/grade/all.json   `python -m utils.grade --all --out utils/results/grade` (or one
+                                   phase anew: `--phase N --into utils/results/grade/all.json`): every
+                                   test of every lesson with its outcome, and the environment stamp
     utils/results/sanitize.json    `python -m utils.sanitize` (both tools): clean or not, per module and run
 """
 
@@ -27,6 +28,12 @@ def load_record(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def section_env(record: dict, section: dict) -> dict:
+    """The environment stamp of the run that graded a phase's section: its own where the section was
+    put into the record by a later run (utils.grade --into), else the record's."""
+    return section.get("env", record["env"])
+
+
 def row(check: str, result: str, env: dict | None) -> str:
     where = [env["gpu"], env["commit"], env["date"][:10]] if env else ["–"] * 3
     return "| " + " | ".join([check, result, *where]) + " |"
@@ -37,14 +44,16 @@ def tests_row(path: str, grade: dict | None) -> str:
     test's id is its module's dotted path, then `::` or `.` and its name)."""
     prefix = path.rstrip("/").removesuffix(".py").replace("/", ".")
     ran_on_gpu = grade is not None and grade.get("gpu_available") and not grade.get("no_gpu")
-    tests = [t for p in (grade or {}).get("phases", []) for t in p.get("tests", [])
-             if t["id"].startswith((prefix + ".", prefix + "::"))]
+    sections = [(p, [t for t in p.get("tests", []) if t["id"].startswith((prefix + ".", prefix + "::"))])
+                for p in (grade or {}).get("phases", [])]
+    sections = [(p, found) for p, found in sections if found]  # a lesson's tests are in its phase's section
+    tests = [t for _, found in sections for t in found]
     if not ran_on_gpu or not tests:
         return row(f"pytest {path}", "not recorded on a GPU yet", None)
     outcomes = Counter(t["outcome"] for t in tests)
     others = [f"{n} {outcome}" for outcome, n in sorted(outcomes.items()) if outcome != "passed"]
     result = ", ".join([f"{outcomes['passed']} of {len(tests)} passed", *others])
-    return row(f"pytest {path}", result, grade["env"])
+    return row(f"pytest {path}", result, section_env(grade, sections[0][0]))
 
 
 def sanitize_row(module: str, record: dict | None) -> str:

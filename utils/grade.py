@@ -7,6 +7,7 @@ the phase's rubric.
     python -m utils.grade --phase 3 --hidden-tests DIR     # plus an instructor's hidden tests
     python -m utils.grade --all --out DIR                  # report folder (default build/grade/)
     python -m utils.grade --all --resume                   # reuse the phases an interrupted run finished
+    python -m utils.grade --phase 5 --into utils/results/grade/all.json   # one phase of the course's record anew
 
 The reference copy (the instructor's checkout) supplies everything the grade depends on: the
 rubrics and manifests (utils.grade_rubric), the official tests and utils (utils.grade_tests), the
@@ -28,6 +29,9 @@ reads "not graded: no GPU". The report (Markdown and JSON, with utils.results' e
 goes to OUT/<phase>.md|json, or OUT/all.md|json for --all. Each phase's section is also kept in
 build/grade/phases/<phase>.json as soon as it is graded: --resume reuses those graded in the same
 setting (GPU, driver, torch, CUDA, commit, copies, hidden tests), so a stopped run goes on where it was.
+--into REPORT puts the phases graded (this checkout against itself, on a GPU) into an all-phase report
+in place of their old sections, each section then stamped with the run that graded it, so that the
+course's record can be brought up to date one phase at a time.
 """
 
 from __future__ import annotations
@@ -153,6 +157,20 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
             "benchmark_note": note, "measured": measured, "speed": speed}
 
 
+def merge_into(path: Path, sections: list[dict], env: dict) -> dict:
+    """The all-phase report at `path` with `sections` in place of its sections of the same phases (a
+    phase it lacks is added at the end). Every section then carries its own environment stamp: the
+    new ones `env`, the kept ones that of the run that graded them (the report's, where they have
+    none yet); the report's own stamp becomes `env` and its points are summed anew."""
+    old = json.loads(Path(path).read_text())
+    new = {s["phase"]: dict(s, env=env) for s in sections}
+    phases = [new.pop(s["phase"], None) or dict(s, env=s.get("env", old["env"])) for s in old["phases"]]
+    phases += new.values()
+    points = [s["points"] for s in phases]
+    return {**old, "env": env, "phases": phases, "points": None if None in points else sum(points),
+            "max": sum(s["max"] for s in phases)}
+
+
 def build_report(sections: list[dict], gpu: bool, student: Path, reference: Path, env: dict | None = None) -> dict:
     if env is None:
         from utils.results import env_stamp
@@ -202,8 +220,11 @@ def render_markdown(report: dict) -> str:
 
 
 def _phase_markdown(s: dict) -> list[str]:
-    lines = [f"## {s['title']}: {_score(s['points'], s['max'])}", "", f"Rubric `{s['rubric']}`: {s['scored']}", "",
-             "| part | status | value | points |", "|---|---|---|---|"]
+    env = s.get("env")  # a section put into the report by --into: the run that graded it
+    graded = [f"Graded on {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, commit "
+              f"{env.get('commit')}, {env.get('date')}.", ""] if env else []
+    lines = [f"## {s['title']}: {_score(s['points'], s['max'])}", "", *graded, f"Rubric `{s['rubric']}`: {s['scored']}",
+             "", "| part | status | value | points |", "|---|---|---|---|"]
     lines += [f"| {_cell(p['name'])} | {_cell(p['status'])} | {_fmt(p['value'])} | {_score(p['points'], p['max'])} |"
               for p in s["parts"]]
     outcomes = sorted({t["outcome"] for t in s["tests"]})
@@ -331,8 +352,15 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout", type=float, default=3600.0, help="seconds per pytest run")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the phases a stopped run graded in the same setting (build/grade/phases/)")
+    parser.add_argument("--into", type=Path, metavar="REPORT",
+                        help="put the phases graded into this all-phase report (its JSON) instead of --out")
     args = parser.parse_args(argv)
     student, reference = args.student.resolve(), args.reference.resolve()
+    if args.into and not (student == reference == REPO_ROOT and not args.hidden_tests and args.into.exists()
+                          and gpu_available()):
+        print(f"grade: --into {args.into} takes this checkout graded against itself on a GPU, without hidden "
+              f"tests, into an existing report", file=sys.stderr)
+        return 2
     if reference != REPO_ROOT:
         return hand_over(args, reference, student)
 
@@ -363,8 +391,14 @@ def main(argv=None) -> int:
                                   lesson_paths=lesson_tests(number), timeout_s=args.test_timeout)
             keep_section(path.parent.name, section, where)
         sections.append(section)
-    report = build_report(sections, gpu, student, reference)
-    json_path, md_path = write_report(report, args.out, "all" if args.all else sections[0]["phase"])
+    if args.into:
+        from utils.results import env_stamp
+
+        report = merge_into(args.into, sections, env_stamp())
+        json_path, md_path = write_report(report, args.into.parent, args.into.stem)
+    else:
+        report = build_report(sections, gpu, student, reference)
+        json_path, md_path = write_report(report, args.out, "all" if args.all else sections[0]["phase"])
     for s in sections:
         done = s["correctness"]
         print(f"{s['phase']}: {_score(s['points'], s['max'])}" + ("" if gpu else

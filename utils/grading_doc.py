@@ -2,14 +2,15 @@
 
 utils.render fills it wherever a README has `<!-- table:grading -->` markers, from the rubric the
 folder's manifest.json declares and the grader's record utils/results/grade/all.json
-(`python -m utils.grade --all --out utils/results/grade` on a GPU). What the tables mean is
+(`python -m utils.grade --all --out utils/results/grade` on a GPU, or one phase anew with
+`--phase N --into utils/results/grade/all.json`). What the tables mean is
 written by hand in the README, next to the markers.
 """
 
 from __future__ import annotations
 
 from utils.build import REPO_ROOT
-from utils.gpu_checks import GRADE_RECORD, load_record
+from utils.gpu_checks import GRADE_RECORD, load_record, section_env
 from utils.grade_rubric import LEVEL_FRACTION, LEVELS, load_rubric
 from utils.grade_tests import record_id
 
@@ -75,7 +76,7 @@ def record_lines(rubric: dict, record: dict | None) -> list[str]:
                      f"{'–' if points is None else _num(points)} / {part['max']:g} |")
     total = section.get("points")
     lines.append(f"| **total** | | | **{'–' if total is None else _num(total)} / {section['max']:g}** |")
-    env = record["env"]
+    env = section_env(record, section)
     older = not graded_under(rubric, section)
     return [*lines, "", f"_{GRADE_RECORD.relative_to(REPO_ROOT).as_posix()}: {env['gpu']}, torch {env['torch']}, "
                         f"CUDA {env['cuda']}, {env['date'][:10]}, commit {env['commit']}"

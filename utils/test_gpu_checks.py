@@ -32,6 +32,15 @@ def test_tests_row_counts_the_tests_under_the_path_in_a_gpu_run():
     assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_unrecorded", _grade("passed"))
 
 
+def test_tests_row_takes_the_stamp_of_the_section_that_holds_the_tests():
+    """A section put into the record by a later run (utils.grade --into) has its own stamp."""
+    record = _grade("passed")
+    later = {"gpu": "GPU Y", "commit": "def5678", "date": "2026-02-03T00:00:00+00:00"}
+    record["phases"].insert(0, {"env": later, "tests": [{"id": "phase8_x.test_y::test_z", "outcome": "passed"}]})
+    assert gpu_checks.tests_row("phase8_x", record).endswith("| GPU Y | def5678 | 2026-02-03 |")
+    assert gpu_checks.tests_row("phase9_demo", record).endswith("| GPU X | abc1234 | 2026-01-02 |")
+
+
 def test_sanitize_row_gives_each_tools_verdict():
     clean = _sanitized(("m", "memcheck", True), ("m", "racecheck", True), ("n", "memcheck", False))
     assert gpu_checks.sanitize_row("m", clean) == \

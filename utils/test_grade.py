@@ -374,19 +374,18 @@ def test_without_a_gpu_nothing_is_scored(copies, tmp_path, monkeypatch, capsys):
     assert md.startswith("# Grade: phase9_fake: not graded: no GPU") and not SCORE.search(md)
 
 
-def test_resume_reuses_only_the_phases_graded_in_the_same_setting(tmp_path, monkeypatch):
-    """--resume takes a phase's kept section only when the GPU, commit, copies and hidden tests are
-    those of the run that kept it; without --resume every phase is graded again."""
-    graded = []
+@pytest.fixture
+def two_fake_phases(tmp_path, monkeypatch):
+    """A course of two phases (8 and 9) whose grading is a stand-in: each graded phase is appended to
+    `graded` and scores `points[0]`; `commit[0]` is the environment stamp's commit."""
+    graded, commit, points = [], ["c1"], [50.0]
 
     def fake_grade_phase(path, *args, **kwargs):
         graded.append(path.parent.name)
-        return {"phase": path.parent.name, "title": path.parent.name, "points": 50.0, "max": 100,
+        return {"phase": path.parent.name, "title": path.parent.name, "points": points[0], "max": 100,
                 "correctness": {"passed": 1, "total": 1, "counts": {}}}
 
-    commit = {"value": "c1"}
-    fake_env = lambda: {**ENV, "commit": commit["value"]}  # noqa: E731
-    monkeypatch.setattr("utils.results.env_stamp", fake_env)
+    monkeypatch.setattr("utils.results.env_stamp", lambda: {**ENV, "commit": commit[0]})
     monkeypatch.setattr(grade, "KEPT", tmp_path / "kept")
     monkeypatch.setattr(grade, "gpu_available", lambda: True)
     monkeypatch.setattr(grade, "rubrics", lambda: {8: tmp_path / "phase8_a" / "rubric.json",
@@ -395,6 +394,13 @@ def test_resume_reuses_only_the_phases_graded_in_the_same_setting(tmp_path, monk
     monkeypatch.setattr(grade, "lesson_tests", lambda number: [])
     monkeypatch.setattr(grade, "grade_phase", fake_grade_phase)
     monkeypatch.setattr(grade, "render_markdown", lambda report: "")
+    return graded, commit, points
+
+
+def test_resume_reuses_only_the_phases_graded_in_the_same_setting(tmp_path, two_fake_phases):
+    """--resume takes a phase's kept section only when the GPU, commit, copies and hidden tests are
+    those of the run that kept it; without --resume every phase is graded again."""
+    graded, commit, _ = two_fake_phases
 
     def run(*extra):
         graded.clear()
@@ -408,8 +414,34 @@ def test_resume_reuses_only_the_phases_graded_in_the_same_setting(tmp_path, monk
     assert report["points"] == 100.0
     assert run("--resume")[0] == []                     # both kept
     assert run()[0] == ["phase8_a", "phase9_b"]         # no --resume: graded again
-    commit["value"] = "c2"                              # another commit: nothing kept applies
+    commit[0] = "c2"                                    # another commit: nothing kept applies
     assert run("--resume")[0] == ["phase8_a", "phase9_b"]
+
+
+def test_into_puts_one_phase_anew_into_the_record_each_section_with_its_stamp(tmp_path, two_fake_phases,
+                                                                              monkeypatch):
+    """--into: the phase graded replaces its section of an all-phase report (the others kept, in
+    order), each section carries the stamp of the run that graded it, the totals are summed anew;
+    refused without a GPU, with hidden tests or another reference, or into a report that does not exist."""
+    graded, commit, points = two_fake_phases
+    record = tmp_path / "record" / "all.json"
+    assert grade.main(["--all", "--out", str(record.parent)]) == 0
+    commit[0], points[0] = "c2", 80.0
+    assert grade.main(["--phase", "9", "--into", str(record)]) == 0
+    report = json.loads(record.read_text())
+    assert graded[-1:] == ["phase9_b"] and [s["phase"] for s in report["phases"]] == ["phase8_a", "phase9_b"]
+    assert [s["env"]["commit"] for s in report["phases"]] == ["c1", "c2"] and report["env"]["commit"] == "c2"
+    assert report["points"] == 130.0 and report["max"] == 200
+    assert (record.parent / "all.md").exists()
+    section = {"title": "T", "points": 80.0, "max": 100, "rubric": "r", "scored": "s", "parts": [], "tests": [],
+               "scripts": [], "benchmark_note": "", "measured": None, "speed": []}
+    assert "Graded on none, torch x" in "\n".join(grade._phase_markdown(report["phases"][1] | section))
+    assert "Graded on" not in "\n".join(grade._phase_markdown(section))
+    for argv in (["--into", str(tmp_path / "none.json")], ["--into", str(record), "--hidden-tests", str(tmp_path)],
+                 ["--into", str(record), "--reference", str(tmp_path)]):
+        assert grade.main(["--phase", "9", *argv]) == 2
+    monkeypatch.setattr(grade, "gpu_available", lambda: False)
+    assert grade.main(["--phase", "9", "--into", str(record)]) == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message needs a machine without a GPU")

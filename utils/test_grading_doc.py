@@ -70,6 +70,15 @@ def test_a_record_without_tests_of_an_official_file_was_made_under_another_rubri
     assert grading_doc.record_lines(rubric, record)[-1].endswith("; graded under an earlier rubric._")
 
 
+def test_a_section_with_its_own_stamp_is_shown_with_it():
+    """A phase put into the record by a later run (utils.grade --into) names that run."""
+    env = {**RECORD["env"], "gpu": "GPU Y", "commit": "def5678"}
+    record = {**RECORD, "phases": [{**RECORD["phases"][0], "env": env}]}
+    rubric = {"phase": "phase2_naive", "benchmarks": [{"name": "attention FP32"}]}
+    stamp = grading_doc.record_lines(rubric, record)[-1]
+    assert "GPU Y" in stamp and "def5678" in stamp
+
+
 def test_the_renderer_fills_the_grading_table_where_its_markers_stand(tmp_path):
     """A phase folder whose README has the markers and whose manifest declares a rubric."""
     folder = tmp_path / "phase9_fake"
