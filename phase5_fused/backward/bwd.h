@@ -80,8 +80,13 @@ void launch_preprocess(const void* out, RowStrides out_strides, const void* dout
 constexpr int kTcHeadDimStep = 8, kTcMaxHeadDim = 256, kTcRowTileMaxD = 128;
 constexpr int kTcTileD[] = {32, 64, 96, 128, 160, 192, 224, 256};
 inline bool tc_supports_head_dim(int64_t D) { return D > 0 && D <= kTcMaxHeadDim && D % kTcHeadDimStep == 0; }
-// The tile width head dim D runs on: the next multiple of 32 (kTcTileD).
-inline int tc_tile_d(int D) { return (D + 31) / 32 * 32; }
+// The tile width head dim D runs on: the narrowest of kTcTileD at least D (0 if none is).
+inline int tc_tile_d(int D) {
+  for (const int width : kTcTileD) {
+    if (width >= D) return width;
+  }
+  return 0;
+}
 
 // dq += ..., dk = ..., dv = ... for one attention call (each launcher picks the instance for D).
 void launch_fp32_backward(const BwdParams& p, int D, cudaStream_t stream);
