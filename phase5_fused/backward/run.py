@@ -210,7 +210,9 @@ def benchmark(seq_lens) -> list[dict]:
 
 def head_dim_backward_rows(quick: bool) -> list[dict]:
     """Autograd's backward of each impl of HEAD_DIMS_IMPLS at each D of HEAD_DIMS_SWEEP, causal and not
-    (S = 1024 when quick), as op attention_backward_head_dims rows."""
+    (S = 1024 when quick), as op attention_backward_head_dims rows; at a D up to the row tiles' limit
+    that the variants table does not time (not in HEAD_DIMS), each tensor-core variant that takes D
+    too, called directly, so that autograd's default there is compared with every choice it had."""
     S = QUICK_SEQ_LENS[0] if quick else VARIANT_S
     rows = []
     for D in HEAD_DIMS_SWEEP:
@@ -219,6 +221,10 @@ def head_dim_backward_rows(quick: bool) -> list[dict]:
             for impl, fwd in HEAD_DIMS_IMPLS:
                 rows.append(backward_row(impl, forward_fn(fwd), leaves, dout, causal, None,
                                          op="attention_backward_head_dims"))
+            if D not in HEAD_DIMS and D <= backward.TC_ROW_TILE_MAX_D:
+                for number in backward.variants_for(torch.float16, D):
+                    rows.append(backward_row(f"phase5_fused_bwd_tc_v{number}", None, leaves, dout, causal, None,
+                                             variant=("tc", number), op="attention_backward_head_dims"))
             del leaves, dout
             torch.cuda.empty_cache()
     return [r for r in rows if r is not None]
