@@ -52,9 +52,9 @@ TC_ROW_TILE_MAX_D = 128
 VARIANTS = {torch.float32: 2, torch.float16: 3, torch.bfloat16: 3}
 TF32X3_SUPPORTED_D = (32, 64, 96, 128)
 # The variant autograd runs: the ops' variant -1, which picks per head dim and GPU (bwd_ops.cpp,
-# default_variant): at D = 64 and 128 the fastest the variants tables measured that the GPU holds
-# (FP32's 3xTF32 kernel; FP16 and BF16's variant 2 where a block may have its shared memory, else
-# variant 1), 0 at the head dims they have not been measured at.
+# default_variant): FP32's 3xTF32 kernel at D = 64 and 128 and variant 0 at the head dims not measured;
+# FP16 and BF16's variant 2 at every head dim where a block may have its shared memory, else variant 1
+# (the fastest the variants and head-dims variants tables measured that the GPU holds).
 DEFAULT_VARIANT = -1
 # The op of each dtype: the FP32 teaching kernel, or the tensor-core kernel.
 OPS = {torch.float32: "attention_backward_fp32", torch.float16: "attention_backward_tc",

@@ -35,17 +35,15 @@ constexpr int64_t kDefaultVariant = -1;
 // The variant that variant -1 runs: at D = 64 and 128, where the variants tables measured a variant
 // faster than 0 (causal and not), the fastest of them that this GPU holds: FP32 1 (3xTF32); FP16 and
 // BF16 2 where a block may have its shared memory (sm_80, sm_90), else 1 (sm_86, sm_89: 99 KB).
-// Every other head dim: 0, until measured; above D = 128 FP16 and BF16 run variant 2, the only one
-// that takes it. A head dim below a tile width of the tensor-core kernel runs on that width's tiles
-// (bwd.h, tc_tile_d) and takes that width's variant. q's D is checked later by prepare (0 if q is
-// not 4-D).
+// FP16 and BF16 take the same rule at the tile widths 32 and 96 (the head-dims variants table
+// measured variant 2 fastest there too); above D = 128 they run variant 2, the only one that takes
+// it. FP32 runs 0 at every other head dim, until measured. q's D is checked later by prepare (0 if
+// q is not 4-D).
 int64_t default_variant(const at::Tensor& q, bool tensor_cores) {
   const int64_t D = q.dim() == 4 ? q.size(3) : 0;
-  const bool on_tc_tiles = tensor_cores && phase5_bwd::tc_supports_head_dim(D);
-  const int64_t width = on_tc_tiles ? phase5_bwd::tc_tile_d(static_cast<int>(D)) : D;
-  if (on_tc_tiles && D > phase5_bwd::kTcRowTileMaxD) return 2;  // the only variant that takes it
-  if (width != 64 && width != 128) return 0;
-  if (!tensor_cores) return 1;
+  if (!tensor_cores) return D == 64 || D == 128 ? 1 : 0;
+  if (!phase5_bwd::tc_supports_head_dim(D)) return 0;  // refused by prepare
+  if (D > phase5_bwd::kTcRowTileMaxD) return 2;        // the only variant that takes it
   const int limit = course::shared_memory_per_block(c10::cuda::current_device());
   return phase5_bwd::tc_backward_2d_smem_bytes(static_cast<int>(D)) <= limit ? 2 : 1;
 }

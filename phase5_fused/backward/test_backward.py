@@ -638,21 +638,19 @@ def test_tc_variants(D, dtype, causal):
 @pytest.mark.parametrize("dtype", (torch.float32, *TC_DTYPES), ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("D", (32, 64, 80, 120, 128, 200))
 def test_default_variant_per_head_dim_and_gpu(dtype, D):
-    """variant=None, autograd's, runs the variant the op's default names for D and this GPU: at D = 64
-    and 128 FP32's 3xTF32 kernel and FP16/BF16's variant 2 where a block may have its shared memory
-    (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1; variant 0 at other D. FP16/BF16 take
-    the variant of the tile width D runs on (D = 120: 128's; 80: 96's), and above D = 128 variant 2, the
-    only one that takes it. Told apart by the kernels each call launches (torch.profiler), every
-    variant's set its own."""
+    """variant=None, autograd's, runs the variant the op's default names for D and this GPU: FP32's
+    3xTF32 kernel at D = 64 and 128, variant 0 at other D; FP16/BF16's variant 2 where a block may have
+    its shared memory (sm_90's 227 KB do, sm_86/89's 99 KB do not), else variant 1, and above D = 128
+    variant 2, the only one that takes it. Told apart by the kernels each call launches
+    (torch.profiler), every variant's set its own."""
     optin = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
-    width = D if dtype == torch.float32 else backward.tc_tile_d(D)
     if dtype != torch.float32 and D > backward.TC_ROW_TILE_MAX_D:
         if optin < 227 * 1024:
             pytest.skip(f"a GPU with {optin} bytes per block: variant 2's tiles at D={D} may not fit")
         expected = 2
-    elif width not in (64, 128):
-        expected = 0
-    elif dtype == torch.float32 or optin <= 99 * 1024:
+    elif dtype == torch.float32:
+        expected = 1 if D in (64, 128) else 0
+    elif optin <= 99 * 1024:
         expected = 1
     elif optin >= 227 * 1024:
         expected = 2
