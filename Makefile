@@ -29,8 +29,8 @@ student:    ## write the student starter kit: make student OUT=DIR
 	@test -n "$(OUT)" || { echo "usage: make student OUT=DIR (the folder the starter kit is written to)"; exit 2; }
 	$(PY) -m utils.student --out $(OUT)
 
-grade:      ## grade one phase (PHASE=N) or all; HIDDEN=DIR adds hidden tests; RESUME=1 goes on after a stop; report in build/grade/
-	$(PY) -m utils.grade $(if $(PHASE),--phase $(PHASE),--all) $(if $(HIDDEN),--hidden-tests $(HIDDEN)) $(if $(RESUME),--resume)
+grade:      ## grade one phase (PHASE=N) or all; HIDDEN=DIR adds hidden tests; RESUME=1 goes on after a stop; OFFICIAL=1 runs only the tests that earn points; report in build/grade/
+	$(PY) -m utils.grade $(if $(PHASE),--phase $(PHASE),--all) $(if $(HIDDEN),--hidden-tests $(HIDDEN)) $(if $(RESUME),--resume) $(if $(OFFICIAL),--official-only)
 
 clean:      ## remove build outputs (not results)
 	rm -rf build .pytest_cache

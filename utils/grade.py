@@ -8,6 +8,7 @@ the phase's rubric.
     python -m utils.grade --all --out DIR                  # report folder (default build/grade/)
     python -m utils.grade --all --resume                   # reuse the phases an interrupted run finished
     python -m utils.grade --phase 5 --into utils/results/grade/all.json   # one phase of the course's record anew
+    python -m utils.grade --phase 5 --official-only        # only the tests that earn points (faster)
 
 The reference copy (the instructor's checkout) supplies everything the grade depends on: the
 rubrics and manifests (utils.grade_rubric), the official tests and utils (utils.grade_tests), the
@@ -16,7 +17,8 @@ the grader hands over to that copy's own. The student's copy supplies only its p
 
 1. Correctness: the official tests (the rubric's files as the reference collects them) run in the
    grading tree; the points are shared by them, a missing one counts as failed. The lessons' other
-   tests (their manifests' `tests`) run too and are recorded, not scored. Hidden tests
+   tests (their manifests' `tests`) run too and are recorded, not scored (--official-only: they do
+   not run, nor the official files' other tests, and the report says so). Hidden tests
    (--hidden-tests: DIR/<phase folder>/ or DIR/phaseN/, or DIR itself for one phase) are official.
 2. Scripts (phase 1): each command of the rubric runs in the grading tree and must exit 0.
 3. Speed, on a GPU when every official test passed: utils.grade_bench times the rubric's call in the
@@ -102,16 +104,20 @@ def speed_parts(rubric: dict, measured: dict | None, gate: dict, gpu: bool) -> l
 
 
 def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidden_dir: Path | None = None,
-                single_phase: bool = True, lesson_paths: list[str] = (), timeout_s: float = 3600.0) -> dict:
+                single_phase: bool = True, lesson_paths: list[str] = (), timeout_s: float = 3600.0,
+                official_only: bool = False) -> dict:
     """Grade one phase of the code in tree (the grading tree, or the reference itself) against the
-    reference copy's rubric and tests; returns its report section."""
+    reference copy's rubric and tests; returns its report section. official_only: run the official
+    tests alone (not the lessons' other tests, nor the other tests of the official files)."""
     rubric = load_rubric(rubric_path)
     name = rubric["phase"]
     correctness_spec = rubric["correctness"]
-    official = official_ids(reference, correctness_spec["tests"], timeout_s, correctness_spec.get("select"))
-    paths = list(dict.fromkeys([*correctness_spec["tests"], *lesson_paths]))
+    select = correctness_spec.get("select")
+    official = official_ids(reference, correctness_spec["tests"], timeout_s, select)
+    paths = list(dict.fromkeys([*correctness_spec["tests"], *([] if official_only else lesson_paths)]))
     print(f"== {name}: tests ({len(official)} official, in {', '.join(map(str, paths))})", flush=True)
-    tests = outcome_records(official, run_pytest(tree, paths, timeout_s, echo=True), gpu)
+    run = run_pytest(tree, paths, timeout_s, select if official_only else None, echo=True)
+    tests = outcome_records(official, run, gpu)
     hidden = hidden_test_files(hidden_dir, name, single_phase) if hidden_dir else []
     if hidden:  # node ids relative to the hidden folder's parent, in the reference and in the tree alike
         options = {"importlib_mode": True, "rootdir": Path(hidden_dir).resolve().parent}
@@ -153,7 +159,8 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
             else str(rubric_path),
             "points": sum(p["points"] for p in parts) if gpu else None, "max": max_points(rubric),
             "status": "graded" if gpu else NO_GPU, "parts": parts, "correctness": correctness,
-            "tests": tests, "hidden_test_files": [str(p) for p in hidden], "scripts": scripts,
+            "tests": tests, "official_only": official_only, "hidden_test_files": [str(p) for p in hidden],
+            "scripts": scripts,
             "benchmark_note": note, "measured": measured, "speed": speed}
 
 
@@ -231,6 +238,8 @@ def _phase_markdown(s: dict) -> list[str]:
     lines += ["", "### Tests", "", "| outcome | official | not scored |", "|---|---|---|"]
     lines += [f"| {o} | {sum(t['scored'] for t in s['tests'] if t['outcome'] == o)} | "
               f"{sum(not t['scored'] for t in s['tests'] if t['outcome'] == o)} |" for o in outcomes]
+    if s.get("official_only"):
+        lines += ["", "Only the official tests ran (`--official-only`): the lessons' other tests are not in this record."]
     shown = [t for t in s["tests"] if t["outcome"] not in ("passed", "xfailed", NO_GPU)]
     if shown:
         lines += ["", "| test | official | result | message |", "|---|---|---|---|"]
@@ -302,13 +311,14 @@ def hand_over(args, reference: Path, student: Path) -> int:
     return subprocess.call(cmd, cwd=reference, env={**os.environ, "PYTHONPATH": str(reference)})
 
 
-def setting(gpu: bool, student: Path, reference: Path, hidden: Path | None) -> dict:
+def setting(gpu: bool, student: Path, reference: Path, hidden: Path | None, official_only: bool = False) -> dict:
     """What a phase's grade depends on besides the code: a kept section is reused only in the same one."""
     from utils.results import env_stamp
 
     env = env_stamp()
     return {**{key: env[key] for key in ("gpu", "sms", "torch", "cuda", "driver", "commit")}, "gpu_available": gpu,
-            "student": str(student), "reference": str(reference), "hidden_tests": str(hidden) if hidden else None}
+            "student": str(student), "reference": str(reference), "hidden_tests": str(hidden) if hidden else None,
+            "official_only": official_only}
 
 
 def kept_section(phase: str, where: dict) -> dict | None:
@@ -352,6 +362,8 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout", type=float, default=3600.0, help="seconds per pytest run")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the phases a stopped run graded in the same setting (build/grade/phases/)")
+    parser.add_argument("--official-only", action="store_true",
+                        help="run only the official tests, not the lessons' other tests (faster; the report says so)")
     parser.add_argument("--into", type=Path, metavar="REPORT",
                         help="put the phases graded into this all-phase report (its JSON) instead of --out")
     args = parser.parse_args(argv)
@@ -376,7 +388,7 @@ def main(argv=None) -> int:
         print(f"No CUDA GPU visible: the speed and the GPU tests cannot be graded here, so no phase gets a score "
               f"({NO_GPU}). The tests that need no GPU run and are listed in the report.", flush=True)
     tree = reference if student == reference else assemble_tree(student, reference, tree_dir(reference, student))
-    where = setting(gpu, student, reference, args.hidden_tests)
+    where = setting(gpu, student, reference, args.hidden_tests, args.official_only)
     sections, start = [], time.perf_counter()
     for n, (number, path) in enumerate(chosen.items(), 1):
         spent = time.perf_counter() - start
@@ -388,7 +400,8 @@ def main(argv=None) -> int:
             print(f"== {path.parent.name}: graded by an earlier run in this setting (--resume)", flush=True)
         else:
             section = grade_phase(path, tree, reference, gpu, args.hidden_tests, single_phase=not args.all,
-                                  lesson_paths=lesson_tests(number), timeout_s=args.test_timeout)
+                                  lesson_paths=lesson_tests(number), timeout_s=args.test_timeout,
+                                  official_only=args.official_only)
             keep_section(path.parent.name, section, where)
         sections.append(section)
     if args.into:

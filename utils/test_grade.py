@@ -256,6 +256,27 @@ def test_the_reference_copy_graded_as_it_is(copies):
     assert "did not pass" in section["benchmark_note"]
 
 
+def test_official_only_runs_the_official_tests_alone(copies):
+    """--official-only: the official tests run (the rubric's select applied to its files), not the
+    lessons' other tests nor the official files' other tests, and the report says so; without it both
+    run and are recorded, not scored."""
+    reference, _ = copies
+    rubric_path = reference / "phase9_fake" / "rubric.json"
+    rubric = json.loads(rubric_path.read_text())
+    rubric["correctness"]["select"] = "double"
+    rubric_path.write_text(json.dumps(rubric))
+    (reference / "phase9_fake" / "test_lesson.py").write_text("def test_lesson():\n    pass\n")
+    lessons = ["phase9_fake/test_lesson.py"]
+    doubles = {f"test_double[{x}]": ("passed", True) for x in (1, 2, 3)}
+    full = grade.grade_phase(rubric_path, reference, reference, gpu=False, lesson_paths=lessons)
+    assert _outcomes(full) == {**doubles, "test_zero": ("failed", False), "test_needs_gpu": (grade.NO_GPU, False),
+                               "test_lesson": ("passed", False)}
+    only = grade.grade_phase(rubric_path, reference, reference, gpu=False, lesson_paths=lessons, official_only=True)
+    assert _outcomes(only) == doubles and only["correctness"] == full["correctness"]
+    said = "Only the official tests ran"
+    assert said in "\n".join(grade._phase_markdown(only)) and said not in "\n".join(grade._phase_markdown(full))
+
+
 def test_deleting_or_editing_a_failing_test_changes_nothing(copies):
     reference, student = copies
     before = _grade(reference, student, gpu=True)
