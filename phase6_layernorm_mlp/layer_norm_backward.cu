@@ -65,41 +65,44 @@ constexpr int kWarpsPerSM = 16;        // warps in flight: about 16 per SM (a me
 constexpr int kReduceCols = 32;        // pass 2: a block adds 32 columns ...
 constexpr int kReduceRows = 16;        // ... 16 partial rows at a time per column ...
 constexpr int kReduceInFlight = 8;     // ... each thread with 8 independent sums (8 loads in flight)
-static_assert(kReduceCols == course::kWarpSize && kReduceCols * kReduceRows >= kBlockThreads,
-              "step 5: a block of versions 1 and 2 is at most kReduceRows lanes of a warp each");
+constexpr int kMinReduceCols = 8;      // step 5: down to 8 columns (a sector) per block, for more lanes
+static_assert(kBlockThreads % kReduceCols == 0 && kReduceCols * kReduceRows <= kBlockThreads,
+              "the lane sums of a block (step 5's, or pass 2's kernel) fit in kBlockThreads + a pad per lane");
 // Version 4 (the next row in flight) for 2-byte elements in 16-byte chunks; versions 1 and 2 for
 // FP32 and for the scalar path (one element per chunk: a register each, and the block version
 // would spill).
 template <typename T, int VEC>
 constexpr bool kPrefetchRows = sizeof(T) == 2 && VEC > 1;
 
-// Pass 2 of dgamma / dbeta for the columns [col0, col0 + kReduceCols) of the [partial_rows, hidden]
-// partials, by `lanes` (<= kReduceRows) lanes of kReduceCols threads: thread (x, y) adds column
-// col0 + x of the partial rows y, y + lanes, ... in groups of kReduceInFlight rows, each group's
-// loads issued together into independent sums (few blocks share this work, so each SM needs many
-// loads in flight to hide the L2's latency), adds those in order, then the lanes' sums are added in
-// shared memory (sg, sb); a fixed order. Every thread of the block calls it; it ends on a barrier, so
-// sg and sb may be used again. Plain loads: in a kernel of its own the compiler reads through the
-// read-only path (its pointers are const __restrict__); in the fold the grid-wide barrier makes the
-// other blocks' stores visible to them. (Written as __ldg or __ldcg, the loads came out of the
-// compiler one or two in flight, each waiting for its sum.)
+// The lane sums of add_partial_rows: lane y's sum of column x at y * (cols + 1) + x (padded, so
+// that the column reads of the last step fall in different banks).
+constexpr int kLaneSums = kBlockThreads + kBlockThreads / kMinReduceCols;
+
+// Pass 2 of dgamma / dbeta for the columns [col0, col0 + cols) of the [partial_rows, hidden]
+// partials, by `lanes` lanes of `cols` threads: thread (x, y) adds column col0 + x of the partial
+// rows y, y + lanes, ... in groups of kReduceInFlight rows, each group's loads issued together into
+// independent sums (a load past the last row reads nothing and adds zero), so that a thread waits on
+// the L2 once per group, adds those in order, then the lanes' sums are added in shared memory (sg,
+// sb: kLaneSums floats each); a fixed order. Every thread of the block calls it; it ends on a
+// barrier, so sg and sb may be used again. Plain loads: in a kernel of its own the compiler reads
+// through the read-only path (its pointers are const __restrict__); in the fold the grid-wide
+// barrier makes the other blocks' stores visible to them. (Written as __ldg or __ldcg, the loads came
+// out of the compiler one or two in flight, each waiting for its sum.)
 template <typename T>
 __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, const float* partial_dbeta,
                                                  int64_t partial_rows, int64_t hidden, int64_t col0, int x, int y,
-                                                 int lanes, float (*sg)[kReduceCols + 1], float (*sb)[kReduceCols + 1],
-                                                 T* dgamma, T* dbeta) {
+                                                 int lanes, int cols, float* sg, float* sb, T* dgamma, T* dbeta) {
   const int64_t col = col0 + x;
   float g = 0.0f, b = 0.0f;
   if (col < hidden) {
     float gu[kReduceInFlight] = {}, bu[kReduceInFlight] = {};
-    int64_t t = y;
-    // Whole groups of kReduceInFlight rows: every load issued before the first sum waits on one.
-    for (; t + (kReduceInFlight - 1) * lanes < partial_rows; t += kReduceInFlight * lanes) {
+    for (int64_t t = y; t < partial_rows; t += static_cast<int64_t>(kReduceInFlight) * lanes) {
       float lg[kReduceInFlight], lb[kReduceInFlight];
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
-        lg[u] = partial_dgamma[(t + u * lanes) * hidden + col];
-        lb[u] = partial_dbeta[(t + u * lanes) * hidden + col];
+        const int64_t r = t + static_cast<int64_t>(u) * lanes;
+        lg[u] = r < partial_rows ? partial_dgamma[r * hidden + col] : 0.0f;
+        lb[u] = r < partial_rows ? partial_dbeta[r * hidden + col] : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kReduceInFlight; ++u) {
@@ -107,28 +110,34 @@ __device__ __forceinline__ void add_partial_rows(const float* partial_dgamma, co
         bu[u] += lb[u];
       }
     }
-    for (; t < partial_rows; t += lanes) {  // the rows after the last whole group
-      gu[0] += partial_dgamma[t * hidden + col];
-      bu[0] += partial_dbeta[t * hidden + col];
-    }
 #pragma unroll
     for (int u = 0; u < kReduceInFlight; ++u) {
       g += gu[u];
       b += bu[u];
     }
   }
-  sg[y][x] = g;
-  sb[y][x] = b;
+  sg[y * (cols + 1) + x] = g;
+  sb[y * (cols + 1) + x] = b;
   __syncthreads();
   if (y == 0 && col < hidden) {
     for (int r = 1; r < lanes; ++r) {
-      g += sg[r][x];
-      b += sb[r][x];
+      g += sg[r * (cols + 1) + x];
+      b += sb[r * (cols + 1) + x];
     }
     dgamma[col] = from_float<T>(g);
     dbeta[col] = from_float<T>(b);
   }
   __syncthreads();
+}
+
+// Step 5's columns per block: the widest of kReduceCols, its half, ... down to kMinReduceCols whose
+// lanes (the block's threads over the columns) load every partial row in one group each; the
+// narrowest where none does. (At 132 partial rows and 512 threads: 16 columns, 32 lanes; 32 columns
+// would leave 4 rows to a second wait on the L2.)
+__device__ __forceinline__ int fold_columns(int threads, int64_t partial_rows) {
+  int cols = kReduceCols;
+  while (cols > kMinReduceCols && static_cast<int64_t>(threads / cols) * kReduceInFlight < partial_rows) cols /= 2;
+  return cols;
 }
 
 // The threads of one team wait for each other, not for the block's other teams: barrier `id`
@@ -267,14 +276,14 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
       if (c < chunks) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float t = d[i][e] - mean_d;
-          local += t * t;
+          d[i][e] -= mean_d;  // d - mean(d), kept: step 2 scales it into xhat
+          local += d[i][e] * d[i][e];
         }
       }
     }
     const float rstd = rsqrtf(mean_of(team_sum<kWarpPerRow>(local, slots, warp, team_in_block, team_size)) + eps);
 
-    // Step 2: xhat (in place of d), g = dy * gamma (in place of dy); the column sums take
+    // Step 2: xhat = (d - mean(d)) * rstd (in place), g = dy * gamma (in place of dy); the column sums take
     // dy * xhat and dy; the row sums take g and g * xhat, both summed over the team at once. In
     // 16-byte chunks (a few registers) dsum's chunks of the row, step 3's, are loaded first, so that
     // they fly during the sums; the scalar path (a register per element) loads them in step 3.
@@ -295,7 +304,7 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
         if (gamma != nullptr) load_vec<T, VEC>(gamma + c * VEC, gm);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float xhat = (d[i][e] - mean_d) * rstd;
+          const float xhat = d[i][e] * rstd;
           d[i][e] = xhat;
           acc_dgamma[i][e] += g[i][e] * xhat;
           acc_dbeta[i][e] += g[i][e];
@@ -374,16 +383,17 @@ ln_backward_cached_kernel(const T* __restrict__ dy, const T* __restrict__ s, con
 
   // Step 5 (pass 2, in the same launch; without dgamma it is a kernel of its own): every block waits
   // at a grid-wide barrier until every partial row is stored (the launch is cooperative: all its
-  // blocks are resident at once), then the blocks add the partial rows of kReduceCols columns at a
-  // time, block b the columns b * kReduceCols, then (b + gridDim.x) * kReduceCols, ...
+  // blocks are resident at once), then the blocks add the partial rows of `cols` columns at a time
+  // (fold_columns), block b the columns b * cols, then (b + gridDim.x) * cols, ...
   if (dgamma == nullptr) return;  // uniform over the grid
   cooperative_groups::this_grid().sync();
-  __shared__ float sg[kReduceRows][kReduceCols + 1];
-  __shared__ float sb[kReduceRows][kReduceCols + 1];
-  for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols; col0 < hidden;
-       col0 += static_cast<int64_t>(gridDim.x) * kReduceCols) {
-    add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % kReduceCols,
-                        threadIdx.x / kReduceCols, blockDim.x / kReduceCols, sg, sb, dgamma, dbeta);
+  __shared__ float sg[kLaneSums];
+  __shared__ float sb[kLaneSums];
+  const int cols = fold_columns(blockDim.x, gridDim.x);
+  for (int64_t col0 = static_cast<int64_t>(blockIdx.x) * cols; col0 < hidden;
+       col0 += static_cast<int64_t>(gridDim.x) * cols) {
+    add_partial_rows<T>(partial_dgamma, partial_dbeta, gridDim.x, hidden, col0, threadIdx.x % cols,
+                        threadIdx.x / cols, blockDim.x / cols, cols, sg, sb, dgamma, dbeta);
   }
 }
 
@@ -472,11 +482,11 @@ template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows)
 ln_param_reduce_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
                        int64_t partial_rows, int64_t hidden, T* __restrict__ dgamma, T* __restrict__ dbeta) {
-  __shared__ float sg[kReduceRows][kReduceCols + 1];
-  __shared__ float sb[kReduceRows][kReduceCols + 1];
+  __shared__ float sg[kLaneSums];
+  __shared__ float sb[kLaneSums];
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kReduceCols;
   add_partial_rows<T>(partial_dgamma, partial_dbeta, partial_rows, hidden, col0, threadIdx.x, threadIdx.y, kReduceRows,
-                      sg, sb, dgamma, dbeta);
+                      kReduceCols, sg, sb, dgamma, dbeta);
 }
 
 // ------------------------------------------------------------------------------------------------
