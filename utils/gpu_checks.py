@@ -39,21 +39,27 @@ def row(check: str, result: str, env: dict | None) -> str:
     return "| " + " | ".join([check, result, *where]) + " |"
 
 
-def tests_row(path: str, grade: dict | None) -> str:
-    """How many of the tests under a pytest path passed in the recorded GPU run of the grader (a
-    test's id is its module's dotted path, then `::` or `.` and its name)."""
+def tests_rows(path: str, grade: dict | None) -> list[str]:
+    """How many of the tests under a pytest path passed in the recorded GPU runs of the grader (a
+    test's id is its module's dotted path, then `::` or `.` and its name): one row per run, the
+    latest first. A test ran in its section's run, or in the run its own stamp names (a test kept
+    from an earlier run by an --official-only regrade, utils.grade.carry_other_tests)."""
     prefix = path.rstrip("/").removesuffix(".py").replace("/", ".")
     ran_on_gpu = grade is not None and grade.get("gpu_available") and not grade.get("no_gpu")
-    sections = [(p, [t for t in p.get("tests", []) if t["id"].startswith((prefix + ".", prefix + "::"))])
-                for p in (grade or {}).get("phases", [])]
-    sections = [(p, found) for p, found in sections if found]  # a lesson's tests are in its phase's section
-    tests = [t for _, found in sections for t in found]
-    if not ran_on_gpu or not tests:
-        return row(f"pytest {path}", "not recorded on a GPU yet", None)
-    outcomes = Counter(t["outcome"] for t in tests)
-    others = [f"{n} {outcome}" for outcome, n in sorted(outcomes.items()) if outcome != "passed"]
-    result = ", ".join([f"{outcomes['passed']} of {len(tests)} passed", *others])
-    return row(f"pytest {path}", result, section_env(grade, sections[0][0]))
+    runs: dict[str, tuple[dict, list[dict]]] = {}
+    for section in (grade or {}).get("phases", []):
+        for t in section.get("tests", []):
+            if t["id"].startswith((prefix + ".", prefix + "::")):
+                env = t.get("env") or section_env(grade, section)
+                runs.setdefault(json.dumps(env, sort_keys=True), (env, []))[1].append(t)
+    if not ran_on_gpu or not runs:
+        return [row(f"pytest {path}", "not recorded on a GPU yet", None)]
+    lines = []
+    for env, tests in sorted(runs.values(), key=lambda run: run[0].get("date", ""), reverse=True):
+        outcomes = Counter(t["outcome"] for t in tests)
+        others = [f"{n} {outcome}" for outcome, n in sorted(outcomes.items()) if outcome != "passed"]
+        lines.append(row(f"pytest {path}", ", ".join([f"{outcomes['passed']} of {len(tests)} passed", *others]), env))
+    return lines
 
 
 def sanitize_row(module: str, record: dict | None) -> str:
@@ -71,7 +77,8 @@ def checks_lines(manifest: dict) -> list[str]:
     """The `checks` table of a folder (its manifest's tests and sanitize) and the records it read."""
     tests, modules = manifest.get("tests", []), manifest.get("sanitize", [])
     grade, sanitized = load_record(GRADE_RECORD), load_record(SANITIZE_RECORD)
-    rows = [*(tests_row(path, grade) for path in tests), *(sanitize_row(module, sanitized) for module in modules)]
+    rows = [*(line for path in tests for line in tests_rows(path, grade)),
+            *(sanitize_row(module, sanitized) for module in modules)]
     read = [record for record, used in ((GRADE_RECORD, tests), (SANITIZE_RECORD, modules)) if used]
     sources = ", ".join(p.relative_to(REPO_ROOT).as_posix() for p in read)
     return [*HEADER, *(rows or [row("–", "–", None)]), *(["", f"_{sources}._"] if read else [])]

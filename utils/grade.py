@@ -164,14 +164,28 @@ def grade_phase(rubric_path: Path, tree: Path, reference: Path, gpu: bool, hidde
             "benchmark_note": note, "measured": measured, "speed": speed}
 
 
+def carry_other_tests(new: dict, old: dict, old_env: dict) -> dict:
+    """An --official-only section with the not-scored tests of the section it replaces (those it did
+    not run itself), each stamped with the run that ran it, so that the record keeps every lesson's
+    last GPU outcome; any other section as it is."""
+    if not new.get("official_only"):
+        return new
+    ran = {t["id"] for t in new["tests"]}
+    env = old.get("env", old_env)
+    kept = [dict(t, env=t.get("env", env)) for t in old["tests"] if not t["scored"] and t["id"] not in ran]
+    return dict(new, tests=[*new["tests"], *kept])
+
+
 def merge_into(path: Path, sections: list[dict], env: dict) -> dict:
     """The all-phase report at `path` with `sections` in place of its sections of the same phases (a
     phase it lacks is added at the end). Every section then carries its own environment stamp: the
     new ones `env`, the kept ones that of the run that graded them (the report's, where they have
-    none yet); the report's own stamp becomes `env` and its points are summed anew."""
+    none yet); the report's own stamp becomes `env` and its points are summed anew. An --official-only
+    section keeps the replaced section's other tests (carry_other_tests)."""
     old = json.loads(Path(path).read_text())
     new = {s["phase"]: dict(s, env=env) for s in sections}
-    phases = [new.pop(s["phase"], None) or dict(s, env=s.get("env", old["env"])) for s in old["phases"]]
+    phases = [carry_other_tests(new.pop(s["phase"]), s, old["env"]) if s["phase"] in new
+              else dict(s, env=s.get("env", old["env"])) for s in old["phases"]]
     phases += new.values()
     points = [s["points"] for s in phases]
     return {**old, "env": env, "phases": phases, "points": None if None in points else sum(points),
@@ -239,7 +253,10 @@ def _phase_markdown(s: dict) -> list[str]:
     lines += [f"| {o} | {sum(t['scored'] for t in s['tests'] if t['outcome'] == o)} | "
               f"{sum(not t['scored'] for t in s['tests'] if t['outcome'] == o)} |" for o in outcomes]
     if s.get("official_only"):
-        lines += ["", "Only the official tests ran (`--official-only`): the lessons' other tests are not in this record."]
+        carried = any("env" in t for t in s["tests"])
+        lines += ["", "Only the official tests ran (`--official-only`); "
+                  + ("the not-scored tests are kept from the record's earlier run, each with its stamp in the JSON."
+                     if carried else "the lessons' other tests are not in this record.")]
     shown = [t for t in s["tests"] if t["outcome"] not in ("passed", "xfailed", NO_GPU)]
     if shown:
         lines += ["", "| test | official | result | message |", "|---|---|---|---|"]

@@ -17,19 +17,25 @@ def _grade(*outcomes, gpu=True):
     return {"env": ENV, "gpu_available": gpu, "no_gpu": not gpu, "phases": [{"tests": tests}]}
 
 
+def _row(path, record):
+    """The one row of a path whose tests come from one run."""
+    (line,) = gpu_checks.tests_rows(path, record)
+    return line
+
+
 def _sanitized(*runs):
     return {"env": ENV, "runs": [{"module": m, "tool": t, "clean": c} for m, t, c in runs]}
 
 
 def test_tests_row_counts_the_tests_under_the_path_in_a_gpu_run():
-    assert gpu_checks.tests_row("phase9_demo", _grade("passed", "passed")) == \
+    assert _row("phase9_demo", _grade("passed", "passed")) == \
         "| pytest phase9_demo | 3 of 3 passed | GPU X | abc1234 | 2026-01-02 |"
-    assert "| 1 of 2 passed, 1 skipped |" in gpu_checks.tests_row("phase9_demo/test_a.py", _grade("passed", "skipped"))
-    assert "| 2 of 3 passed, 1 failed |" in gpu_checks.tests_row("phase9_demo/", _grade("passed", "failed"))
-    assert gpu_checks.tests_row("phase9_demo", _grade("passed", gpu=False)) == \
+    assert "| 1 of 2 passed, 1 skipped |" in _row("phase9_demo/test_a.py", _grade("passed", "skipped"))
+    assert "| 2 of 3 passed, 1 failed |" in _row("phase9_demo/", _grade("passed", "failed"))
+    assert _row("phase9_demo", _grade("passed", gpu=False)) == \
         "| pytest phase9_demo | not recorded on a GPU yet | – | – | – |"
-    assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_demo", None)
-    assert "not recorded on a GPU yet" in gpu_checks.tests_row("phase9_unrecorded", _grade("passed"))
+    assert "not recorded on a GPU yet" in _row("phase9_demo", None)
+    assert "not recorded on a GPU yet" in _row("phase9_unrecorded", _grade("passed"))
 
 
 def test_tests_row_takes_the_stamp_of_the_section_that_holds_the_tests():
@@ -37,8 +43,21 @@ def test_tests_row_takes_the_stamp_of_the_section_that_holds_the_tests():
     record = _grade("passed")
     later = {"gpu": "GPU Y", "commit": "def5678", "date": "2026-02-03T00:00:00+00:00"}
     record["phases"].insert(0, {"env": later, "tests": [{"id": "phase8_x.test_y::test_z", "outcome": "passed"}]})
-    assert gpu_checks.tests_row("phase8_x", record).endswith("| GPU Y | def5678 | 2026-02-03 |")
-    assert gpu_checks.tests_row("phase9_demo", record).endswith("| GPU X | abc1234 | 2026-01-02 |")
+    assert _row("phase8_x", record).endswith("| GPU Y | def5678 | 2026-02-03 |")
+    assert _row("phase9_demo", record).endswith("| GPU X | abc1234 | 2026-01-02 |")
+
+
+def test_tests_rows_give_one_row_per_run_latest_first():
+    """Tests kept from an earlier run (an --official-only regrade) carry their own stamp: a path whose
+    tests come from two runs gets a row for each."""
+    record = _grade("passed", "failed")
+    later = {"gpu": "GPU Y", "commit": "def5678", "date": "2026-02-03T00:00:00+00:00"}
+    record["phases"][0]["env"] = later
+    for t in record["phases"][0]["tests"][1:]:
+        t["env"] = ENV
+    assert gpu_checks.tests_rows("phase9_demo", record) == [
+        "| pytest phase9_demo | 1 of 1 passed | GPU Y | def5678 | 2026-02-03 |",
+        "| pytest phase9_demo | 1 of 2 passed, 1 failed | GPU X | abc1234 | 2026-01-02 |"]
 
 
 def test_sanitize_row_gives_each_tools_verdict():

@@ -465,6 +465,27 @@ def test_into_puts_one_phase_anew_into_the_record_each_section_with_its_stamp(tm
     assert grade.main(["--phase", "9", "--into", str(record)]) == 2
 
 
+def test_into_an_official_only_section_keeps_the_other_tests_with_their_stamps(tmp_path):
+    """--official-only --into: the replaced section's not-scored tests stay in the record (those the
+    new run did not run), each stamped with the run that ran it; the official ones are the new run's."""
+    old_env, new_env = {"commit": "c1"}, {"commit": "c2"}
+    def test(name, scored, outcome="passed"):
+        return {"id": f"p.t::{name}", "scored": scored, "outcome": outcome}
+    old = {"phase": "p", "points": 90.0, "max": 100,
+           "tests": [test("official", True, "failed"), test("lesson", False), test("now_official", False)]}
+    record = tmp_path / "all.json"
+    record.write_text(json.dumps({"env": old_env, "phases": [old]}))
+    new = {"phase": "p", "points": 100.0, "max": 100, "official_only": True,
+           "tests": [test("official", True), test("now_official", True)]}
+    merged = grade.merge_into(record, [new], new_env)["phases"][0]
+    assert merged["env"] == new_env and merged["tests"] == [*new["tests"], {**test("lesson", False), "env": old_env}]
+    full = grade.merge_into(record, [dict(new, official_only=False)], new_env)["phases"][0]
+    assert full["tests"] == new["tests"]  # a run of every test replaces them all
+    said = "\n".join(grade._phase_markdown({**merged, "title": "T", "rubric": "r", "scored": "s", "parts": [],
+                                             "scripts": [], "benchmark_note": "", "measured": None, "speed": []}))
+    assert "kept from the record's earlier run" in said
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message needs a machine without a GPU")
 def test_command_line_of_a_course_phase_without_a_gpu(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "utils.grade", "--phase", "2", "--out", str(tmp_path)],
