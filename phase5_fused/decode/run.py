@@ -47,10 +47,10 @@ CACHE_LENS = (4096, 32768, 131072)
 BATCHES = (1, 16, 64)
 QUICK_CACHE_LENS, QUICK_BATCHES = (4096, 32768), (1, 16)
 PAGE_SIZE = 64
-# K + V of one point at most, as a share of the GPU's memory: the paged copy doubles them while it
-# is built, and the peers' workspaces come on top (34 GB at B = 64, 128K keys: an H200 measures
-# that point, an 80 GB H100 skips it).
-MAX_KV_SHARE = 0.3
+# K + V of one point at most, as a share of the GPU's memory: while the paged copy is built, K's
+# pages sit beside K and V (1.5 times their bytes), and the peers' workspaces come on top (34 GB
+# at B = 64, 128K keys: 0.4 of an 80 GB H100's 85 GB).
+MAX_KV_SHARE = 0.45
 REFERENCE_LIMIT = 2**20  # B * H * S at most for the float64 reference (expanded K and V, ~1 GB each)
 PREFILL_S = 4096
 SDPA = ("sdpa_flash", "sdpa_cudnn")
@@ -102,21 +102,25 @@ def ours_cuda_cores(q, k, v, lengths):
     return decode.attention(q, k, v, lengths, kernel="cuda_cores")
 
 
-def to_pages(k, v, page_size: int, seed: int):
-    """The contiguous cache [B, H_kv, S, D] as shuffled pages [B * S / page_size, H_kv, page_size, D]
-    and the page table [B, S / page_size] (int32)."""
-    B, H_kv, S, Dh = k.shape
-    per_seq = S // page_size
-    perm = torch.randperm(B * per_seq, generator=torch.Generator().manual_seed(seed)).to(k.device)
-    pages = []
-    for x in (k, v):
-        logical = x.view(B, H_kv, per_seq, page_size, Dh).transpose(1, 2).reshape(B * per_seq, H_kv, page_size, Dh)
-        physical = torch.empty(logical.shape, dtype=x.dtype, device=x.device)  # contiguous (B=1 gives a view)
-        physical[perm] = logical
-        pages.append(physical)
-        del logical
-    table = perm.view(B, per_seq).to(torch.int32)
-    return pages[0], pages[1], table
+def page_order(B: int, S: int, page_size: int, seed: int) -> torch.Tensor:
+    """The page table [B, S / page_size] (int32, on the CPU) of a full cache cut into pages and
+    shuffled: logical page p of sequence b is physical page table[b, p]."""
+    pages = B * (S // page_size)
+    return torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).view(B, -1).to(torch.int32)
+
+
+def to_pages(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """One contiguous cache [B, H_kv, S, D] (K or V) as the pages [B * S / page_size, H_kv,
+    page_size, D] that `table` (page_order's) names, written one sequence at a time: beside x, the
+    pages and one sequence's worth of temporaries at most."""
+    B, H_kv, S, Dh = x.shape
+    per_seq = table.shape[1]
+    page_size = S // per_seq
+    pages = torch.empty(B * per_seq, H_kv, page_size, Dh, dtype=x.dtype, device=x.device)
+    physical = table.to(device=x.device, dtype=torch.int64)
+    for b in range(B):
+        pages[physical[b]] = x[b].view(H_kv, per_seq, page_size, Dh).transpose(0, 1)
+    return pages
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,8 +233,14 @@ def benchmark(cache_lens, batches) -> tuple[list[dict], dict]:
                 rows += kernel_rows(impl, impl_fn, kv_args, B, S)
         if (S, B) in SPLIT_POINTS:
             rows += split_rows(kv_args, B, S, splits)
-        k_pages, v_pages, table = to_pages(k, v, PAGE_SIZE, seed=S + B)
-        del k, v, kv_args
+        # The paged copy, one tensor at a time: K's pages beside K and V, then K freed before V's.
+        table = page_order(B, S, PAGE_SIZE, seed=S + B).cuda()
+        del kv_args
+        k_pages = to_pages(k, table)
+        del k
+        torch.cuda.empty_cache()
+        v_pages = to_pages(v, table)
+        del v
         torch.cuda.empty_cache()
         paged = lambda q_, k_, v_, n_: decode.attention(q_, k_, v_, n_, page_table=table)  # noqa: E731
         rows.append(timed_row("phase5_decode_paged", paged, (q, k_pages, v_pages, lengths), B, S,

@@ -472,6 +472,25 @@ def test_split_heuristic():
             assert n == 1 or capacity // n >= decode.MIN_KEYS_PER_SPLIT
 
 
+def test_benchmark_pages_hold_the_cache():
+    """run.py's paged copy (built one tensor at a time, one sequence at a time) holds the contiguous
+    cache: every physical page used once, and the reference reads the same attention from both."""
+    from phase5_fused.decode import run as bench
+
+    B, H_kv, S, D, page_size = 3, 2, 96, 8, 16
+    q = randn(B, 4, 2, D, dtype=torch.float64, device="cpu", seed=1)
+    k = randn(B, H_kv, S, D, dtype=torch.float64, device="cpu", seed=2)
+    v = randn(B, H_kv, S, D, dtype=torch.float64, device="cpu", seed=3)
+    table = bench.page_order(B, S, page_size, seed=4)
+    assert table.dtype == torch.int32 and table.shape == (B, S // page_size)
+    assert sorted(table.flatten().tolist()) == list(range(B * S // page_size))
+    assert not torch.equal(table.flatten(), torch.arange(B * S // page_size, dtype=torch.int32))  # shuffled
+    lengths = torch.tensor([S, 40, 1], dtype=torch.int32)
+    paged = reference.decode_attention(q, bench.to_pages(k, table), bench.to_pages(v, table), lengths,
+                                       page_table=table)
+    assert torch.equal(paged, reference.decode_attention(q, k, v, lengths))
+
+
 # The most shared memory per block (opted in) and per SM, in bytes, and what each block of an SM
 # reserves besides its own (sm_90: 1 KB).
 SMEM = {"sm_90": (227 * 1024, 228 * 1024), "sm_80": (163 * 1024, 164 * 1024), "sm_86": (99 * 1024, 100 * 1024)}
